@@ -1,0 +1,38 @@
+# `make run` and `make test` do all set-up on a fresh machine: venv, install, then run.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+FBGEMM_EXTRA := $(if $(GPU),gpu,cpu)
+export DO_NOT_TRACK := true
+export KEDRO_DISABLE_TELEMETRY := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export KEDRO_LOGGING_CONFIG ?= conf/base/logging.yml
+
+.PHONY: install run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+# torch==2.13.0 must be installed before fbgemm-gpu-cpu so pip never pulls a CUDA build.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -e '.[$(FBGEMM_EXTRA),dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/kedro run --pipeline=dlrm
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+
+bench: install
+	$(BIN)/python benchmarks/bench_train.py
+
+clean:
+	rm -rf data/0[2-8]*/* mlruns/mlflow.db mlruns/[0-9]*

@@ -1,0 +1,133 @@
+"""Typed configuration at the library boundary.
+
+Kedro nodes receive plain parameter dicts; ``parse(Cls, mapping, "key.path")`` turns them into frozen
+dataclasses and fails with a ``ConfigError`` that names the full key, the bad value and what is
+allowed. Range checks live in each dataclass's ``__post_init__`` via ``check``/``check_choice``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range. The message names the key."""
+
+
+def check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+
+
+def check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
+    check(value in choices, key, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r}: " + "; ".join(errors))
+    if origin is Literal:
+        check_choice(key, value, get_args(tp))
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return parse(tp, value, key)
+    if origin in (tuple, list, Sequence):
+        check(
+            isinstance(value, (list, tuple)), key, value, "a list"
+        )
+        args = get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            check(len(value) == len(args), key, value, f"a list of {len(args)} items")
+            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        item = args[0] if args else Any
+        return tuple(_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin in (dict, Mapping):
+        check(isinstance(value, Mapping), key, value, "a mapping")
+        _, vt = get_args(tp) or (Any, Any)
+        return {k: _coerce(vt, v, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        check(isinstance(value, bool), key, value, "true or false")
+        return value
+    if tp is int:
+        check(isinstance(value, int) and not isinstance(value, bool), key, value, "an integer")
+        return value
+    if tp is float:
+        check(
+            isinstance(value, (int, float)) and not isinstance(value, bool), key, value, "a number"
+        )
+        return float(value)
+    if tp is str:
+        check(isinstance(value, str), key, value, "a string")
+        return value
+    return value
+
+
+def parse(cls: type[T], mapping: Mapping[str, Any] | None, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from ``mapping``; unknown keys and bad values raise ConfigError."""
+    mapping = {} if mapping is None else mapping
+    where = prefix or cls.__name__
+    if not isinstance(mapping, Mapping):
+        raise ConfigError(f"{where}={mapping!r} is not allowed: expected a mapping of settings")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(mapping) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]}; allowed keys under "
+            f"{where}: {', '.join(sorted(fields))}"
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in mapping.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(hints[name], value, key)
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:  # a required field is missing
+        raise ConfigError(f"{where}: {exc}") from exc
+    if hasattr(obj, "validate"):
+        obj.validate(prefix)
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain, JSON-friendly dict of a (nested) config dataclass."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, Mapping):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "", sep: str = ".") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{sep}{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key, sep))
+        else:
+            out[key] = v
+    return out

@@ -1,0 +1,1 @@
+"""Data: Criteo TSV format, synthetic generator, preprocessing to parquet, batch type, loaders."""

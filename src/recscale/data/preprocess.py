@@ -1,0 +1,249 @@
+"""Criteo TSV -> parquet splits ready for training.
+
+Dense counts: missing -> 0, negatives clamped to 0, then log1p (float32). Categorical 8-hex ids:
+the 32-bit id modulo the feature's table size (int64; a missing id stays null and becomes an empty
+bag in the batch). Rows keep their global row number (``row``: 0-based over the input files, in
+order), so every row of the output traces back to a line of the input and the splits can be
+audited. Splits follow row order (Criteo convention: later rows are later in time).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from recscale.config import check, to_dict
+from recscale.data.criteo import (
+    DENSE_NAMES,
+    NUM_SPARSE,
+    SPARSE_NAMES,
+    CriteoBlock,
+    RejectLog,
+    count_lines,
+    read_criteo_tsv,
+)
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test")
+MANIFEST_NAME = "_manifest.json"
+MANIFEST_FORMAT = "recscale-criteo-parquet/1"
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    # per-feature table sizes (26 ints); null -> hash_size_multiplier x the known cardinality
+    # (synthetic data) capped at max_table_size, or max_table_size when cardinalities are unknown
+    table_sizes: tuple[int, ...] | None = None
+    max_table_size: int = 1_000_000
+    # hashing ids into a table as large as the vocabulary makes ~37% of ids share a row;
+    # 4x makes it ~11% (what the default synthetic config uses)
+    hash_size_multiplier: float = 4.0
+    # fractions of the rows, in row order, for train / validation / test
+    splits: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    row_group_size: int = 65536
+    chunk_bytes: int = 1 << 25
+    max_reject_fraction: float = 0.01
+    compression: str = "zstd"
+
+    def validate(self, prefix: str = "preprocess") -> None:
+        if self.table_sizes is not None:
+            check(len(self.table_sizes) == NUM_SPARSE and all(t >= 1 for t in self.table_sizes),
+                  f"{prefix}.table_sizes", self.table_sizes, f"{NUM_SPARSE} positive integers")
+        check(self.max_table_size >= 1, f"{prefix}.max_table_size", self.max_table_size, ">= 1")
+        check(self.hash_size_multiplier >= 1, f"{prefix}.hash_size_multiplier",
+              self.hash_size_multiplier, ">= 1")
+        check(all(f >= 0 for f in self.splits) and abs(sum(self.splits) - 1.0) < 1e-6,
+              f"{prefix}.splits", self.splits, "three non-negative fractions that sum to 1")
+        check(self.row_group_size >= 1, f"{prefix}.row_group_size", self.row_group_size, ">= 1")
+        check(self.chunk_bytes >= 1024, f"{prefix}.chunk_bytes", self.chunk_bytes, ">= 1024")
+        check(0 <= self.max_reject_fraction <= 1, f"{prefix}.max_reject_fraction",
+              self.max_reject_fraction, "a fraction in [0, 1]")
+        check(self.compression in ("zstd", "snappy", "gzip", "none"), f"{prefix}.compression",
+              self.compression, "one of zstd, snappy, gzip, none")
+
+    def resolve_table_sizes(self, hint: Sequence[int] | None = None) -> tuple[int, ...]:
+        if self.table_sizes is not None:
+            return tuple(self.table_sizes)
+        if hint is not None:
+            return tuple(min(self.max_table_size, math.ceil(h * self.hash_size_multiplier))
+                         for h in hint)
+        return (self.max_table_size,) * NUM_SPARSE
+
+
+def parquet_schema() -> pa.Schema:
+    fields = [pa.field("row", pa.int64(), nullable=False), pa.field("label", pa.int8(), nullable=False)]
+    fields += [pa.field(n, pa.float32(), nullable=False) for n in DENSE_NAMES]
+    fields += [pa.field(n, pa.int64()) for n in SPARSE_NAMES]
+    return pa.schema(fields)
+
+
+def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray) -> pa.Table:
+    """Parsed rows -> model-ready columns (see module docstring)."""
+    dense = np.log1p(np.maximum(block.dense, 0).astype(np.float64)).astype(np.float32)
+    dense[~block.dense_present] = 0.0
+    ids = block.sparse.astype(np.int64) % table_sizes[None, :]
+    cols = [pa.array(block.line - 1 + row_offset), pa.array(block.label)]
+    cols += [pa.array(dense[:, j]) for j in range(dense.shape[1])]
+    cols += [pa.array(ids[:, j], mask=~block.sparse_present[:, j]) for j in range(NUM_SPARSE)]
+    return pa.Table.from_arrays(cols, schema=parquet_schema())
+
+
+class _SplitWriter:
+    """Buffers rows and writes parquet row groups of exactly ``row_group_size`` (last may be short)."""
+
+    def __init__(self, path: Path, row_group_size: int, compression: str):
+        self.path = path
+        self.row_group_size = row_group_size
+        self.compression = None if compression == "none" else compression
+        self.pending: list[pa.Table] = []
+        self.n_pending = 0
+        self.rows = 0
+        self.row_groups = 0
+        self.writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.pending.append(table)
+        self.n_pending += table.num_rows
+        while self.n_pending >= self.row_group_size:
+            self._flush(self.row_group_size)
+
+    def _flush(self, n: int) -> None:
+        merged = pa.concat_tables(self.pending)
+        head, tail = merged.slice(0, n), merged.slice(n)
+        if self.writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(self.path, parquet_schema(), compression=self.compression)
+        self.writer.write_table(head, row_group_size=n)
+        self.rows += head.num_rows
+        self.row_groups += 1
+        self.pending = [tail] if tail.num_rows else []
+        self.n_pending = tail.num_rows
+
+    def close(self) -> None:
+        if self.n_pending:
+            self._flush(self.n_pending)
+        if self.writer is None:  # an empty split still gets a readable file
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(parquet_schema().empty_table(), self.path)
+        else:
+            self.writer.close()
+
+
+@dataclass(frozen=True)
+class PreprocessReport:
+    out_dir: str
+    manifest_path: str
+    lines_read: int
+    rows_written: int
+    rows_rejected: int
+    rejects_path: str
+    rejects_by_reason: dict
+    split_rows: dict
+    table_sizes: tuple[int, ...]
+    pooling_factors: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+
+def preprocess_criteo(
+    files: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    cfg: PreprocessConfig,
+    table_size_hint: Sequence[int] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> PreprocessReport:
+    """Read Criteo TSV ``files`` (in time order) and write the parquet splits under ``out_dir``.
+
+    Raises RejectedRowsError when more than ``cfg.max_reject_fraction`` of the lines cannot be
+    parsed; every rejected line is listed in ``out_dir/rejects.tsv`` with its reason either way.
+    ``progress(lines_done, lines_total)`` is called after each chunk.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
+    line_counts = [count_lines(f) for f in files]
+    total = int(sum(line_counts))
+    bounds = np.floor(np.cumsum(cfg.splits) * total + 1e-9).astype(np.int64)
+    bounds[-1] = total
+    rejects_path = out / "rejects.tsv"
+    rejects = RejectLog(path=rejects_path, total_lines=total, max_fraction=cfg.max_reject_fraction)
+    writers = {s: _SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size, cfg.compression)
+               for s in SPLITS}
+    present = np.zeros(NUM_SPARSE, dtype=np.int64)
+    written = 0
+    offset = 0
+    try:
+        for f, n_lines in zip(files, line_counts):
+            for block in read_criteo_tsv(f, rejects, cfg.chunk_bytes):
+                table = transform_block(block, offset, table_sizes)
+                rows = block.line - 1 + offset
+                present += block.sparse_present.sum(axis=0)
+                written += len(block)
+                cut = np.searchsorted(rows, bounds, side="left")
+                lo = 0
+                for split, hi in zip(SPLITS, cut):
+                    writers[split].write(table.slice(lo, hi - lo))
+                    lo = hi
+                if progress:
+                    progress(int(rows[-1]) + 1, total)
+            offset += n_lines
+        rejects.check_final(total)
+    finally:
+        rejects.close()
+        for w in writers.values():
+            w.close()
+    if not rejects_path.exists():
+        rejects_path.write_text("file\tline\treason\ttext\n")
+    pooling = (present / max(written, 1)).round(6)
+    split_rows = {s: writers[s].rows for s in SPLITS}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "source_files": [str(f) for f in files],
+        "lines_read": total,
+        "rows_written": written,
+        "rows_rejected": rejects.count,
+        "rejects_path": str(rejects_path),
+        "splits": {
+            s: {"files": [str(writers[s].path)], "rows": writers[s].rows,
+                "row_groups": writers[s].row_groups}
+            for s in SPLITS
+        },
+        "dense_features": list(DENSE_NAMES),
+        "sparse_features": list(SPARSE_NAMES),
+        "table_sizes": table_sizes.tolist(),
+        "pooling_factors": pooling.tolist(),
+        "config": to_dict(cfg),
+    }
+    manifest_path = out / MANIFEST_NAME
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    log.info("preprocessed %d lines: %d rows written (%s), %d rejected -> %s",
+             total, written, split_rows, rejects.count, rejects_path)
+    return PreprocessReport(
+        out_dir=str(out), manifest_path=str(manifest_path), lines_read=total,
+        rows_written=written, rows_rejected=rejects.count, rejects_path=str(rejects_path),
+        rejects_by_reason=dict(rejects.by_reason), split_rows=split_rows,
+        table_sizes=tuple(table_sizes.tolist()), pooling_factors=tuple(pooling.tolist()),
+    )
+
+
+def load_manifest(path: str | os.PathLike) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / MANIFEST_NAME
+    manifest = json.loads(p.read_text())
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{p} is not a recscale parquet manifest (format {manifest.get('format')!r})")
+    return manifest

@@ -1,0 +1,46 @@
+"""Where raw data comes from: generated synthetic days or the user's Criteo TSV files."""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from recscale.config import ConfigError, check_choice
+from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["synthetic", "criteo_tsv"] = "synthetic"
+    # synthetic: where the generated TSV goes
+    raw_dir: str = "data/01_raw/synthetic"
+    # criteo_tsv: input files in time order (globs allowed, expanded in sorted order)
+    files: tuple[str, ...] = ()
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def validate(self, prefix: str = "data") -> None:
+        check_choice(f"{prefix}.source", self.source, ("synthetic", "criteo_tsv"))
+        if self.source == "criteo_tsv" and not self.files:
+            raise ConfigError(f"{prefix}.files is empty: source 'criteo_tsv' needs at least one "
+                              "TSV path or glob (e.g. data/01_raw/criteo/day_*.tsv)")
+
+
+def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None) -> dict:
+    """Generate (or locate) the raw TSV files -> raw manifest dict."""
+    if cfg.source == "synthetic":
+        rep = generate_criteo_tsv(cfg.synthetic, Path(cfg.raw_dir) / "day_00.tsv", progress)
+        return {
+            "source": "synthetic", "files": [rep.path], "rows": rep.num_rows,
+            "oracle_path": rep.oracle_path, "oracle_auc": rep.oracle_auc, "ctr": rep.ctr,
+            "cardinalities": list(rep.cardinalities), "fingerprint": rep.fingerprint,
+        }
+    files: list[str] = []
+    for i, pattern in enumerate(cfg.files):
+        hits = sorted(glob.glob(pattern))
+        if not hits:
+            raise ConfigError(f"data.files[{i}]={pattern!r} matches no file")
+        files += hits
+    return {"source": "criteo_tsv", "files": files}

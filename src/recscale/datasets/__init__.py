@@ -1,0 +1,5 @@
+"""Kedro datasets of the project (Kedro side only; the library never imports these)."""
+
+from recscale.datasets.torch_state import TorchStateDictDataset
+
+__all__ = ["TorchStateDictDataset"]

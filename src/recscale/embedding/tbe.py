@@ -1,0 +1,115 @@
+"""A thin, typed wrapper over fbgemm's SplitTableBatchedEmbeddingBagsCodegen.
+
+All tables live in one fbgemm module: one kernel call looks up every feature of the batch, and the
+backward applies the embedding optimizer in place (no gradient tensor for the tables ever exists).
+Weights are initialised per table from (seed, table index), so a shard of a table can later be
+initialised to exactly the rows the unsharded table would hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+from torch import nn
+
+from recscale.config import check, check_choice
+from recscale.data.batch import SparseFeatures
+
+# The fused optimizers fbgemm runs on the CPU (ADAM/LAMB are GPU-only in fbgemm 1.8).
+EMBEDDING_OPTIMIZERS = {
+    "exact_rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    "exact_sgd": EmbOptimType.EXACT_SGD,
+    "exact_adagrad": EmbOptimType.EXACT_ADAGRAD,
+}
+
+
+@dataclass(frozen=True)
+class EmbeddingOptimizerConfig:
+    name: str = "exact_rowwise_adagrad"
+    learning_rate: float = 0.05
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def validate(self, prefix: str = "train.embedding_optimizer") -> None:
+        check_choice(f"{prefix}.name", self.name, tuple(EMBEDDING_OPTIMIZERS))
+        check(self.learning_rate > 0, f"{prefix}.learning_rate", self.learning_rate, "> 0")
+        check(self.eps > 0, f"{prefix}.eps", self.eps, "> 0")
+        check(self.weight_decay >= 0, f"{prefix}.weight_decay", self.weight_decay, ">= 0")
+
+
+def table_init(seed: int, table: int, rows: int, dim: int) -> torch.Tensor:
+    """Initial weights of one whole table: U(-1/sqrt(rows), 1/sqrt(rows)) as in the reference DLRM."""
+    g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(table))
+    bound = 1.0 / math.sqrt(rows)
+    return torch.empty(rows, dim).uniform_(-bound, bound, generator=g)
+
+
+class FusedEmbeddingBags(nn.Module):
+    """Sum-pooled embedding bags for several tables, one feature per table, fused optimizer."""
+
+    def __init__(
+        self,
+        rows: Sequence[int],
+        dims: Sequence[int],
+        optimizer: EmbeddingOptimizerConfig,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        table_ids: Sequence[int] | None = None,
+    ):
+        super().__init__()
+        if len(rows) != len(dims) or not rows:
+            raise ValueError(f"rows ({len(rows)}) and dims ({len(dims)}) must be equal, non-empty lists")
+        for i, d in enumerate(dims):
+            if d % 4 != 0:
+                raise ValueError(f"embedding dim {d} of table {i} is not allowed: fbgemm needs a multiple of 4")
+        device = torch.device(device)
+        on_cuda = device.type == "cuda"
+        location = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
+        compute = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
+        self.rows = tuple(int(r) for r in rows)
+        self.dims = tuple(int(d) for d in dims)
+        self.optimizer_config = optimizer
+        # fbgemm logs every constructor argument at INFO on the root logger; keep user logs readable
+        previous = logging.root.manager.disable
+        logging.disable(logging.INFO)
+        try:
+            self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
+                [(r, d, location, compute) for r, d in zip(self.rows, self.dims)],
+                optimizer=EMBEDDING_OPTIMIZERS[optimizer.name],
+                learning_rate=optimizer.learning_rate,
+                eps=optimizer.eps,
+                weight_decay=optimizer.weight_decay,
+                pooling_mode=PoolingMode.SUM,
+                device=device,
+            )
+        finally:
+            logging.disable(previous)
+        table_ids = range(len(self.rows)) if table_ids is None else table_ids
+        with torch.no_grad():
+            for t, w in zip(table_ids, self.tbe.split_embedding_weights()):
+                w.copy_(table_init(seed, t, w.shape[0], w.shape[1]))
+
+    @property
+    def output_dim(self) -> int:
+        return sum(self.dims)
+
+    def forward(self, sparse: SparseFeatures) -> torch.Tensor:
+        """-> pooled embeddings [B, sum(dims)], table t in columns sum(dims[:t]) .. + dims[t]."""
+        return self.tbe(sparse.values, sparse.offsets())
+
+    def split_weights(self) -> list[torch.Tensor]:
+        """Views of each table's weights [rows, dim]."""
+        return list(self.tbe.split_embedding_weights())
+
+    def split_optimizer_states(self) -> list[list[torch.Tensor]]:
+        return [list(s) for s in self.tbe.split_optimizer_states()]

@@ -1,0 +1,64 @@
+"""Click-prediction metrics: AUC, log loss, normalized entropy, calibration, accuracy.
+
+Pure numpy (fp64), so they serve as the reference the training loop and tests compare against.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_EPS = 1e-12
+
+
+def auc_score(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve, exact, with tied scores counted as half (Mann-Whitney U)."""
+    y = np.asarray(labels).astype(bool).ravel()
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    if y.shape != s.shape:
+        raise ValueError(f"labels and scores differ in length: {y.shape} vs {s.shape}")
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(s, kind="mergesort")
+    s_sorted = s[order]
+    # average rank (1-based) of each run of tied scores
+    boundaries = np.flatnonzero(np.diff(s_sorted)) + 1
+    starts = np.concatenate(([0], boundaries))
+    ends = np.concatenate((boundaries, [s.size]))
+    avg_rank = (starts + ends + 1) / 2.0
+    ranks = np.repeat(avg_rank, ends - starts)
+    pos_rank_sum = ranks[y[order]].sum()
+    return float((pos_rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), _EPS, 1 - _EPS)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+def binary_entropy(p: float) -> float:
+    p = min(max(p, _EPS), 1 - _EPS)
+    return float(-(p * np.log(p) + (1 - p) * np.log(1 - p)))
+
+
+def binary_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """All click metrics on one evaluation set.
+
+    normalized_entropy = log loss / entropy of the set's own click rate (below 1 means the model
+    beats always predicting the average CTR); calibration = mean predicted CTR / observed CTR.
+    """
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    p = np.asarray(probs, dtype=np.float64).ravel()
+    ctr = float(y.mean()) if y.size else float("nan")
+    ll = log_loss(y, p)
+    return {
+        "auc": auc_score(y, p),
+        "log_loss": ll,
+        "normalized_entropy": ll / binary_entropy(ctr),
+        "calibration": float(p.mean() / ctr) if ctr > 0 else float("nan"),
+        "accuracy": float(((p >= 0.5) == (y >= 0.5)).mean()),
+        "ctr": ctr,
+        "count": float(y.size),
+    }

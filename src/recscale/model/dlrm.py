@@ -1,0 +1,130 @@
+"""DLRM: dense features through a bottom MLP, sparse features through embedding bags, pairwise dot
+(or concatenation) interaction, then a top MLP to one click logit.
+
+The embedding module is injected, so the same DLRM runs with the single-process fused embedding
+bags or a sharded collection. ``dense_precision: bf16`` runs the MLPs and interaction under CPU/CUDA
+autocast in bfloat16 (fp32 master weights, fp32 loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from recscale.config import check, check_choice
+from recscale.data.batch import SparseFeatures
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = 16
+    bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
+    top_mlp: tuple[int, ...] = (512, 256, 1)
+    interaction: Literal["dot", "cat"] = "dot"
+    dense_precision: Literal["fp32", "bf16"] = "fp32"
+
+    def validate(self, prefix: str = "model") -> None:
+        check(self.embedding_dim > 0 and self.embedding_dim % 4 == 0, f"{prefix}.embedding_dim",
+              self.embedding_dim, "a positive multiple of 4 (fbgemm's row alignment)")
+        check(len(self.bottom_mlp) >= 1 and all(w > 0 for w in self.bottom_mlp),
+              f"{prefix}.bottom_mlp", self.bottom_mlp, "a non-empty list of positive widths")
+        check(len(self.top_mlp) >= 1 and all(w > 0 for w in self.top_mlp),
+              f"{prefix}.top_mlp", self.top_mlp, "a non-empty list of positive widths")
+        check(self.top_mlp[-1] == 1, f"{prefix}.top_mlp", self.top_mlp,
+              "a last width of 1 (one click logit)")
+        check_choice(f"{prefix}.interaction", self.interaction, ("dot", "cat"))
+        check_choice(f"{prefix}.dense_precision", self.dense_precision, ("fp32", "bf16"))
+        if self.interaction == "dot":
+            check(self.bottom_mlp[-1] == self.embedding_dim, f"{prefix}.bottom_mlp",
+                  self.bottom_mlp,
+                  f"a last width equal to {prefix}.embedding_dim={self.embedding_dim} "
+                  "(the dot interaction multiplies the bottom MLP output with each embedding)")
+
+
+def interaction_dim(cfg: ModelConfig, num_tables: int) -> int:
+    d = cfg.bottom_mlp[-1]
+    if cfg.interaction == "dot":
+        f = num_tables + 1
+        return d + f * (f - 1) // 2
+    return d + num_tables * cfg.embedding_dim
+
+
+class MLP(nn.Sequential):
+    """Linear layers with ReLU between them (and after the last unless ``last_activation=False``)."""
+
+    def __init__(self, in_dim: int, widths: Sequence[int], last_activation: bool = True):
+        layers: list[nn.Module] = []
+        for i, w in enumerate(widths):
+            layers.append(nn.Linear(in_dim, w))
+            if i < len(widths) - 1 or last_activation:
+                layers.append(nn.ReLU(inplace=True))
+            in_dim = w
+        super().__init__(*layers)
+
+
+class DLRM(nn.Module):
+    def __init__(self, num_dense: int, num_tables: int, cfg: ModelConfig, embeddings: nn.Module):
+        super().__init__()
+        self.cfg = cfg
+        self.num_tables = num_tables
+        self.bottom = MLP(num_dense, cfg.bottom_mlp)
+        self.embeddings = embeddings
+        self.top = MLP(interaction_dim(cfg, num_tables), cfg.top_mlp, last_activation=False)
+        if cfg.interaction == "dot":
+            f = num_tables + 1
+            li, lj = torch.tril_indices(f, f, offset=-1)
+            self.register_buffer("_li", li, persistent=False)
+            self.register_buffer("_lj", lj, persistent=False)
+
+    def autocast(self):
+        if self.cfg.dense_precision == "bf16":
+            device = self.top[0].weight.device.type
+            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def interact(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """x: [B, d] bottom output; emb: [B, T * D] pooled embeddings."""
+        if self.cfg.interaction == "cat":
+            return torch.cat([x, emb.to(x.dtype)], dim=1)
+        b = x.shape[0]
+        feats = torch.cat([x.unsqueeze(1), emb.to(x.dtype).view(b, self.num_tables, -1)], dim=1)
+        z = torch.bmm(feats, feats.transpose(1, 2))
+        return torch.cat([x, z[:, self._li, self._lj]], dim=1)
+
+    def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
+        """-> click logits [B] (fp32)."""
+        emb = self.embeddings(sparse)
+        with self.autocast():
+            x = self.bottom(dense)
+            logits = self.top(self.interact(x, emb))
+        return logits.squeeze(1).float()
+
+    def dense_parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters for the dense optimizer (the embeddings update themselves in backward)."""
+        yield from self.bottom.parameters()
+        yield from self.top.parameters()
+
+
+def build_dlrm(
+    cfg: ModelConfig,
+    table_sizes: Sequence[int],
+    num_dense: int,
+    embedding_optimizer,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> DLRM:
+    """Single-process DLRM with all tables in one fused fbgemm module. Same seed, same weights."""
+    from recscale.embedding import FusedEmbeddingBags
+
+    torch.manual_seed(seed)
+    emb = FusedEmbeddingBags(
+        table_sizes, [cfg.embedding_dim] * len(table_sizes), embedding_optimizer, device=device,
+        seed=seed,
+    )
+    model = DLRM(num_dense, len(table_sizes), cfg, emb)
+    return model.to(device)

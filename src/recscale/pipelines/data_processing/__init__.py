@@ -1,0 +1,3 @@
+from recscale.pipelines.data_processing.pipeline import create_pipeline
+
+__all__ = ["create_pipeline"]

@@ -1,0 +1,36 @@
+"""Thin training node: parse typed configs, call the library, return state and metrics."""
+
+from __future__ import annotations
+
+import torch
+
+from recscale import __version__
+from recscale.config import parse, to_dict
+from recscale.model import ModelConfig
+from recscale.pipelines.common import as_metrics
+from recscale.train import TrainConfig, train_dlrm
+
+
+def parse_configs(model_params: dict, train_params: dict) -> tuple[ModelConfig, TrainConfig]:
+    return parse(ModelConfig, model_params, "model"), parse(TrainConfig, train_params, "train")
+
+
+def train_model(dataset_manifest: dict, model_params: dict, train_params: dict):
+    model_cfg, train_cfg = parse_configs(model_params, train_params)
+    out = train_dlrm(dataset_manifest, model_cfg, train_cfg)
+    r = out.result
+    from recscale.embedding import FBGEMM_VERSION
+
+    resolved = {
+        "model": to_dict(model_cfg),
+        "train": to_dict(train_cfg),
+        "table_sizes": list(out.table_sizes),
+        "runtime": {"device": out.device, "threads": out.threads, "torch": torch.__version__,
+                    "fbgemm_gpu": FBGEMM_VERSION, "recscale": __version__},
+        "dataset_manifest": dataset_manifest.get("manifest_path"),
+    }
+    metrics = as_metrics({
+        "throughput_samples_per_s": r.samples_per_s, "steps": r.steps, "samples": r.samples,
+        "step_seconds": r.step_seconds, "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
+    })
+    return out.model.state_dict(), r.history, metrics, resolved

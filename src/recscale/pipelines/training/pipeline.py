@@ -1,0 +1,13 @@
+from kedro.pipeline import Node, Pipeline
+
+from recscale.pipelines.training.nodes import train_model
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    return Pipeline(
+        [
+            Node(train_model, ["dataset_manifest", "params:model", "params:train"],
+                 ["model_state", "training_history", "training_metrics", "resolved_config"],
+                 name="train"),
+        ]
+    )

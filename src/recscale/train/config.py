@@ -1,0 +1,58 @@
+"""Typed training configuration (the ``train`` block of parameters_dlrm.yml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from recscale.config import check, check_choice
+from recscale.embedding.tbe import EmbeddingOptimizerConfig
+
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+@dataclass(frozen=True)
+class DenseOptimizerConfig:
+    name: str = "adagrad"
+    learning_rate: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def validate(self, prefix: str = "train.dense_optimizer") -> None:
+        check_choice(f"{prefix}.name", self.name, DENSE_OPTIMIZERS)
+        check(self.learning_rate > 0, f"{prefix}.learning_rate", self.learning_rate, "> 0")
+        check(0 <= self.momentum < 1, f"{prefix}.momentum", self.momentum, "in [0, 1)")
+        check(self.weight_decay >= 0, f"{prefix}.weight_decay", self.weight_decay, ">= 0")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch_size: int = 2048  # per rank; global batch = batch_size x world_size
+    epochs: int = 1
+    max_steps: int | None = None
+    seed: int = 0
+    embedding_optimizer: EmbeddingOptimizerConfig = field(default_factory=EmbeddingOptimizerConfig)
+    dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
+    log_every: int = 20  # steps between metric-history points
+    world_size: int = 1
+    num_threads: int | None = None  # intra-op threads per process; null -> cores / local ranks
+    reader_workers: int = 2
+    prefetch: int = 4
+    eval_batch_size: int = 16384
+    progress: Literal["auto", "bar", "log", "off"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def validate(self, prefix: str = "train") -> None:
+        check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
+        check(self.epochs > 0, f"{prefix}.epochs", self.epochs, "a positive integer")
+        check(self.max_steps is None or self.max_steps > 0, f"{prefix}.max_steps", self.max_steps,
+              "null or a positive integer")
+        check(self.log_every > 0, f"{prefix}.log_every", self.log_every, "a positive integer")
+        check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
+        check(self.num_threads is None or self.num_threads >= 1, f"{prefix}.num_threads",
+              self.num_threads, "null or >= 1")
+        check(self.reader_workers >= 1, f"{prefix}.reader_workers", self.reader_workers, ">= 1")
+        check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
+        check(self.eval_batch_size > 0, f"{prefix}.eval_batch_size", self.eval_batch_size, "> 0")
+        check_choice(f"{prefix}.progress", self.progress, ("auto", "bar", "log", "off"))
+        check_choice(f"{prefix}.device", self.device, ("auto", "cpu", "cuda"))

@@ -1,0 +1,38 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_synthetic_config(**overrides):
+    from recscale.data.synthetic import SyntheticConfig
+
+    base = dict(num_rows=6000, seed=3, cardinality_scale=0.0005, keep_cardinality_below=200)
+    base.update(overrides)
+    return SyntheticConfig(**base)
+
+
+@pytest.fixture(scope="session")
+def synthetic_tsv(tmp_path_factory):
+    """A small generated Criteo TSV (crosses a generation block boundary: 70,000 rows)."""
+    from recscale.data.synthetic import generate_criteo_tsv
+
+    cfg = small_synthetic_config(num_rows=70_000)
+    out = tmp_path_factory.mktemp("synthetic") / "day_00.tsv"
+    return cfg, generate_criteo_tsv(cfg, out)
+
+
+@pytest.fixture(scope="session")
+def parquet_dataset(synthetic_tsv, tmp_path_factory):
+    from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
+
+    cfg, rep = synthetic_tsv
+    out = tmp_path_factory.mktemp("parquet")
+    preprocess_criteo([rep.path], out, PreprocessConfig(row_group_size=5000), rep.cardinalities)
+    return load_manifest(out)
