@@ -27,7 +27,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
     cfg = small_synthetic_config()
     a = generate_criteo_tsv(cfg, tmp_path / "a.tsv")
     b = generate_criteo_tsv(cfg, tmp_path / "b.tsv")
-    c = generate_criteo_tsv(small_synthetic_config(seed=4), tmp_path / "c.tsv")
+    generate_criteo_tsv(small_synthetic_config(seed=4), tmp_path / "c.tsv")
     assert (tmp_path / "a.tsv").read_bytes() == (tmp_path / "b.tsv").read_bytes()
     assert np.array_equal(np.load(a.oracle_path), np.load(b.oracle_path))
     assert (tmp_path / "a.tsv").read_bytes() != (tmp_path / "c.tsv").read_bytes()

@@ -161,7 +161,6 @@ class PlantedModel:
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[dict, np.ndarray]:
         """Draw n rows -> (columns, logit without bias)."""
-        cfg = self.cfg
         # dense: log-normal counts, I2 also takes small negative values like Criteo's
         t = rng.normal(self.dense_center, DENSE_SIGMA, (n, NUM_DENSE))
         counts = np.floor(np.expm1(np.clip(t, 0.0, 20.0))).astype(np.int64)

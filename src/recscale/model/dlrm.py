@@ -78,12 +78,13 @@ class DLRM(nn.Module):
         if cfg.interaction == "dot":
             f = num_tables + 1
             li, lj = torch.tril_indices(f, f, offset=-1)
-            self.register_buffer("_li", li, persistent=False)
-            self.register_buffer("_lj", lj, persistent=False)
+            # flat positions of the strictly-lower triangle: index_select (backward: index_add)
+            # is cheaper than 2-D advanced indexing (backward: index_put with accumulate)
+            self.register_buffer("_tril", li * f + lj, persistent=False)
 
     def autocast(self):
         if self.cfg.dense_precision == "bf16":
-            device = self.top[0].weight.device.type
+            device = next(self.top.parameters()).device.type
             return torch.autocast(device_type=device, dtype=torch.bfloat16)
         return nullcontext()
 
@@ -93,8 +94,8 @@ class DLRM(nn.Module):
             return torch.cat([x, emb.to(x.dtype)], dim=1)
         b = x.shape[0]
         feats = torch.cat([x.unsqueeze(1), emb.to(x.dtype).view(b, self.num_tables, -1)], dim=1)
-        z = torch.bmm(feats, feats.transpose(1, 2))
-        return torch.cat([x, z[:, self._li, self._lj]], dim=1)
+        z = torch.bmm(feats, feats.transpose(1, 2)).flatten(1)
+        return torch.cat([x, z.index_select(1, self._tril)], dim=1)
 
     def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
         """-> click logits [B] (fp32)."""
