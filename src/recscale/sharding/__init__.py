@@ -1,0 +1,50 @@
+"""Embedding-table sharding planner (pure Python + numpy; no torch, Kedro or MLflow).
+
+>>> from recscale.sharding import TableSpec, Topology, plan_sharding
+>>> plan = plan_sharding([TableSpec("t0", 1_000_000, 128)], Topology.preset("zionex"), 512)
+>>> plan.table("t0").sharding_type in SHARDING_TYPES
+True
+
+See docs/sharding.md for the cost model, the algorithm and the topology presets.
+"""
+
+from .plan import RankPlan, ShardingPlan, ShardSpec, TablePlan
+from .planner import plan_sharding
+from .report import format_report, save_chart
+from .topology import PRESETS, Topology
+from .types import (
+    COMM_PRECISIONS,
+    OPTIMIZER_STATE,
+    SHARDING_TYPES,
+    TIERS,
+    WEIGHT_PRECISIONS,
+    CommsPrecision,
+    PlannerError,
+    PlannerOptions,
+    ShardingType,
+    TableConstraints,
+    TableSpec,
+)
+
+__all__ = [
+    "COMM_PRECISIONS",
+    "OPTIMIZER_STATE",
+    "PRESETS",
+    "SHARDING_TYPES",
+    "TIERS",
+    "WEIGHT_PRECISIONS",
+    "CommsPrecision",
+    "PlannerError",
+    "PlannerOptions",
+    "RankPlan",
+    "ShardSpec",
+    "ShardingPlan",
+    "ShardingType",
+    "TablePlan",
+    "TableConstraints",
+    "TableSpec",
+    "Topology",
+    "format_report",
+    "plan_sharding",
+    "save_chart",
+]

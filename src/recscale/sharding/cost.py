@@ -1,0 +1,161 @@
+"""Per-shard cost and memory model (vectorised over shards with numpy).
+
+Time of one training iteration attributed to the rank that holds a shard, in seconds:
+
+- lookup (compute): the rows the shard serves are read in the forward pass and read + written with
+  their optimizer state in the fused backward/update (3 x weight bytes + 2 x state bytes per id), at
+  the bandwidth of the shard's tier; a shard spilled below the compute tier with a cache holding a
+  fraction ``c`` of its rows hits the cache with probability ``c ** cache_hit_exponent``. Pooled
+  outputs and their gradients (fp32) are written/read in the compute tier.
+- input distribution: all-to-all of the ids (``index_bytes`` each) and lengths (int32) that the shard
+  serves, from every rank; bytes from other ranks of the host move at ``intra_node_bw``, from other
+  hosts at ``inter_node_bw``.
+- output distribution, forward (``comms.forward`` precision) and backward (``comms.backward``):
+  table/column-wise: all-to-all of the pooled vectors of the global batch; row-wise: a ring
+  reduce-scatter (forward) / all-gather (backward) of the partial sums over the row shards (at the
+  inter-node bandwidth when they span hosts); table-row-wise (hierarchical): reduce-scatter inside
+  the host, then all-to-all of the host's 1/local_world_size share across hosts.
+- data-parallel: local lookups, a dense update of the replica, and a ring all-reduce of the dense
+  gradient (``comms.dense_allreduce`` precision).
+
+Memory of a shard: weights (``weight_precision``) + optimizer state (fp32) in its tier; the cache
+(``c`` x those bytes) and I/O buffers (ids, lengths, pooled outputs and gradients) in the compute tier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .topology import Topology
+from .types import OPTIMIZER_STATE, PRECISION_BYTES, TIERS, PlannerOptions
+
+DP, TW, RW, CW, TWRW, TWCW = range(6)  # indices into types.SHARDING_TYPES
+TIER_INDEX = {t: i for i, t in enumerate(TIERS)}
+
+
+@dataclass
+class ShardCosts:
+    """Arrays (one entry per shard) of seconds and bytes."""
+
+    compute: np.ndarray
+    comms: np.ndarray
+    storage: np.ndarray  # weights + optimizer state, in the shard's tier
+    cache: np.ndarray  # cache bytes in the compute tier
+    io: np.ndarray  # I/O buffers in the compute tier
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.compute + self.comms
+
+
+class CostModel:
+    """Cost of shards of tables on one topology for one local batch size."""
+
+    def __init__(self, topology: Topology, batch_size: int, options: PlannerOptions) -> None:
+        self.topo = topology
+        self.options = options
+        self.B = float(batch_size)
+        self.W = topology.world_size
+        self.Lw = topology.local_world_size
+        self.wb = float(PRECISION_BYTES[options.weight_precision])
+        c = options.comms
+        self.fb, self.bb, self.db = (float(PRECISION_BYTES[p]) for p in
+                                     (c.forward, c.backward, c.dense_allreduce))
+        # int8 row-wise quantised vectors carry an fp32 scale and bias each.
+        self.f_extra = 8.0 if c.forward == "int8" else 0.0
+        self.b_extra = 8.0 if c.backward == "int8" else 0.0
+        self.opt_row, self.opt_elem = (4.0 * x for x in OPTIMIZER_STATE[options.optimizer])
+        self.ib = float(options.index_bytes)
+        self.bw = np.array([max(topology.bandwidth(t), 1.0) for t in TIERS])
+        self.compute_tier = TIER_INDEX[topology.compute_tier]
+        W, Lw = self.W, self.Lw
+        intra = topology.intra_node_bw or 1.0
+        inter = topology.inter_node_bw or 1.0
+        self.intra, self.inter = intra, inter
+        # seconds per byte that a rank receives from (or sends to) all ranks evenly
+        self.a2a = ((Lw - 1) / W) / intra + ((W - Lw) / W) / inter
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def hit_rate(self, cache: np.ndarray) -> np.ndarray:
+        cache = np.asarray(cache, dtype=float)
+        return np.where(cache > 0, np.power(np.maximum(cache, 1e-12),
+                                            self.options.cache_hit_exponent), 0.0)
+
+    def seconds_per_byte(self, tier: np.ndarray, cache: np.ndarray) -> np.ndarray:
+        """Lookup seconds per byte of a shard in ``tier`` (index into TIERS) with a cache."""
+        tier = np.asarray(tier, dtype=np.int64)
+        own = 1.0 / self.bw[tier]
+        fast = 1.0 / self.bw[self.compute_tier]
+        h = self.hit_rate(cache)
+        return np.where(tier == self.compute_tier, own, h * fast + (1.0 - h) * own)
+
+    def ring_bw(self, n: np.ndarray) -> np.ndarray:
+        return np.where(np.asarray(n) > self.Lw, self.inter, self.intra)
+
+    def storage_bytes(self, rows, cols) -> np.ndarray:
+        rows = np.asarray(rows, dtype=float)
+        cols = np.asarray(cols, dtype=float)
+        return rows * (cols * (self.wb + self.opt_elem) + self.opt_row)
+
+    # --- the model -------------------------------------------------------------------------------
+    def shards(self, kind: int, N, L, F, rows, cols, k, tier, cache) -> ShardCosts:
+        """Costs of shards of ``kind`` (DP..TWCW) for tables with N rows, pooling L, F features.
+
+        ``rows``/``cols`` are the shard's extent, ``k`` the number of shards of its table, ``tier``
+        the tier index, ``cache`` the cached fraction. All arguments broadcast.
+        """
+        N, L, F, rows, cols, k = (np.asarray(x, dtype=float) for x in (N, L, F, rows, cols, k))
+        tier = np.asarray(tier, dtype=np.int64)
+        cache = np.where(tier == self.compute_tier, 0.0, np.asarray(cache, dtype=float))
+        B, W, Lw = self.B, float(self.W), float(self.Lw)
+        wb, ib = self.wb, self.ib
+        opt = self.opt_row + self.opt_elem * cols  # optimizer bytes per row of this shard
+        spb = self.seconds_per_byte(tier, cache)
+        cpb = 1.0 / self.bw[self.compute_tier]
+        storage = self.storage_bytes(rows, cols)
+        if kind == DP:
+            vec = B * F  # local pooled vectors
+            lookups = vec * L
+            compute = (lookups * cols * wb + rows * cols * (2 * wb + 4) + rows * 2 * opt) * spb
+            compute = compute + 2 * vec * cols * 4 * cpb
+            comms = (2 * (W - 1) / W) * rows * cols * self.db / self.ring_bw(np.full_like(N, W))
+            io = lookups * ib + vec * 4 + 2 * vec * cols * 4 + rows * cols * 4
+        else:
+            vec = B * W * F  # pooled vectors of the global batch for this table
+            lookups = vec * L * rows / N
+            compute = lookups * (3 * cols * wb + 2 * opt) * spb + 2 * vec * cols * 4 * cpb
+            comms = (lookups * ib + vec * 4) * self.a2a
+            out = vec * (cols * (self.fb + self.bb) + self.f_extra + self.b_extra)
+            if kind == RW:
+                comms = comms + np.where(k > 1, (k - 1) / np.maximum(k, 1), 0.0) * out / self.ring_bw(k)
+            elif kind == TWRW:
+                comms = comms + ((Lw - 1) / Lw) * out / self.intra + (out / Lw) * self.a2a
+            else:
+                comms = comms + out * self.a2a
+            io = lookups * ib + vec * 4 + 2 * vec * cols * 4
+        shape = np.broadcast_shapes(np.shape(compute), np.shape(comms), np.shape(storage))
+        return ShardCosts(
+            compute=np.broadcast_to(compute, shape).astype(float),
+            comms=np.broadcast_to(comms, shape).astype(float),
+            storage=np.broadcast_to(storage, shape).astype(float),
+            cache=np.broadcast_to(cache * storage, shape).astype(float),
+            io=np.broadcast_to(io, shape).astype(float),
+        )
+
+
+def column_splits(dim: int, k: int, granularity: int) -> list[int]:
+    """Widths of ``k`` column shards: multiples of ``granularity`` (the first ones one unit wider)."""
+    if k == 1:
+        return [dim]
+    units = dim // granularity
+    base, extra = divmod(units, k)
+    return [(base + (1 if i < extra else 0)) * granularity for i in range(k)]
+
+
+def row_blocks(rows: int, k: int) -> list[tuple[int, int]]:
+    """Contiguous blocks of ``ceil(rows / k)`` rows (the last shorter; empty blocks dropped), the
+    layout fbgemm's ``block_bucketize_sparse_features`` expects."""
+    block = -(-rows // k)
+    return [(off, min(block, rows - off)) for off in range(0, rows, block)]

@@ -1,0 +1,189 @@
+"""Cluster description for the planner, with named presets.
+
+All capacities and bandwidths are **per rank** (one rank = one GPU, or one CPU process on
+``cpu-local``); node-level figures are divided by ``local_world_size``. Bandwidths are bytes per
+second in one direction. A tier with capacity 0 does not exist on the topology (``cpu-local`` has no
+HBM, so its compute tier is DDR).
+
+Preset values and their sources (see also docs/sharding.md):
+
+``zionex`` - Meta's ZionEX node, Mudigere et al., "Software-Hardware Co-design for Fast and Scalable
+Training of Deep Learning Recommendation Models", ISCA 2022 (arXiv:2104.05158): 8 x A100 40 GB per
+node, NVLink/NVSwitch inside the node, a dedicated 200 Gb/s RDMA NIC per GPU for scale-out,
+1.5 TB host DDR and 1.5 TB SSD per node (the project brief's figures for the node).
+  - hbm_bytes 40e9, hbm_bw 1.555e12 B/s: NVIDIA A100 datasheet (A100 40GB SXM, HBM2 1,555 GB/s).
+  - intra_node_bw 300e9 B/s: NVLink 3 on A100 is 600 GB/s bidirectional per GPU, 300 GB/s each way.
+  - inter_node_bw 25e9 B/s: 200 Gb/s per GPU NIC.
+  - ddr_bytes 1.5e12/8, ddr_bw 25e9 B/s: the GPU reads host memory over PCIe Gen4 x16
+    (32 GB/s per direction theoretical; ~25 GB/s achievable is our assumption).
+  - ssd_bytes 1.5e12/8, ssd_bw 2e9 B/s: assumption for random row reads from one NVMe drive share.
+
+``dgx-h100`` - NVIDIA DGX H100 (NVIDIA DGX BasePOD reference architecture, "Core Components":
+8 x H100, 640 GB GPU memory, 2 TB DDR5, 8 x ConnectX-7 up to 400 Gb/s, 8 x 3.84 TB U.2 NVMe).
+  - hbm_bytes 80e9, hbm_bw 3.35e12 B/s: H100 SXM5 80 GB HBM3 datasheet.
+  - intra_node_bw 450e9 B/s: NVLink 4, 900 GB/s bidirectional per GPU.
+  - inter_node_bw 50e9 B/s: 400 Gb/s ConnectX-7 per GPU.
+  - ddr_bytes 2e12/8, ddr_bw 50e9 B/s: PCIe Gen5 x16 (64 GB/s per direction theoretical; ~50 assumed).
+  - ssd_bytes 3.84e12 (one U.2 drive per GPU), ssd_bw 3e9 B/s: assumption for random row reads.
+
+``cpu-local`` - this kind of development machine: 2 cores, 24 GB RAM, no HBM, no SSD tier; two
+ranks (gloo processes) by default.
+  - ddr_bytes 24e9/local_world_size; ddr_bw 2.7e9 B/s: measured here, numpy gather of random 256-B
+    rows, one core (``E[idx]`` with E 2M x 64 fp32, 500k ids).
+  - intra_node_bw 1.8e9 B/s: measured here, gloo ``all_to_all_single`` of 64 MiB between 2 local
+    processes (torch 2.13).
+  - inter_node_bw 1.25e9 B/s: assumption (10 GbE), only used if world_size > local_world_size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
+from typing import Any
+
+from recscale.config import ConfigError
+
+from .types import TIERS
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """World size, ranks per host, memory per tier and bandwidths, all per rank."""
+
+    world_size: int
+    local_world_size: int
+    hbm_bytes: float
+    ddr_bytes: float
+    ssd_bytes: float
+    hbm_bw: float
+    ddr_bw: float
+    ssd_bw: float
+    intra_node_bw: float
+    inter_node_bw: float
+    name: str = "custom"
+    device: str = "cuda"
+
+    def __post_init__(self) -> None:
+        for key in ("world_size", "local_world_size"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, Integral) or v <= 0:
+                _fail(key, v, "a positive integer")
+            object.__setattr__(self, key, int(v))
+        if self.world_size % self.local_world_size:
+            _fail("world_size", self.world_size,
+                  f"a multiple of local_world_size={self.local_world_size} "
+                  f"(e.g. {self.local_world_size * max(1, self.world_size // self.local_world_size)})")
+        for key in ("hbm_bytes", "ddr_bytes", "ssd_bytes", "hbm_bw", "ddr_bw", "ssd_bw",
+                    "intra_node_bw", "inter_node_bw"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, Real) or not v >= 0 or v == float("inf"):
+                _fail(key, v, "a non-negative finite number")
+            object.__setattr__(self, key, float(v))
+        for t in TIERS:
+            if self.capacity(t) > 0 and self.bandwidth(t) <= 0:
+                _fail(f"{t}_bw", self.bandwidth(t), f"a positive number when {t}_bytes > 0")
+        if not self.tiers:
+            _fail("hbm_bytes/ddr_bytes/ssd_bytes", 0, "at least one tier with positive capacity")
+        if self.world_size > 1 and self.local_world_size > 1 and self.intra_node_bw <= 0:
+            _fail("intra_node_bw", self.intra_node_bw, "a positive number")
+        if self.world_size > self.local_world_size and self.inter_node_bw <= 0:
+            _fail("inter_node_bw", self.inter_node_bw, "a positive number")
+        if self.device not in ("cuda", "cpu"):
+            _fail("device", self.device, "'cuda' or 'cpu'")
+
+    # --- derived ---------------------------------------------------------------------------------
+    @property
+    def num_hosts(self) -> int:
+        return self.world_size // self.local_world_size
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.local_world_size
+
+    def capacity(self, tier: str) -> float:
+        return float(getattr(self, f"{tier}_bytes"))
+
+    def bandwidth(self, tier: str) -> float:
+        return float(getattr(self, f"{tier}_bw"))
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """Tiers that exist (capacity > 0), fastest first; the first is the compute tier."""
+        return tuple(t for t in TIERS if self.capacity(t) > 0)
+
+    @property
+    def compute_tier(self) -> str:
+        return self.tiers[0]
+
+    # --- presets ----------------------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str, world_size: int | None = None,
+               local_world_size: int | None = None) -> Topology:
+        """A named topology (``cpu-local``, ``zionex``, ``dgx-h100``).
+
+        ``world_size`` defaults to one host; per-node memory is shared by ``local_world_size`` ranks.
+        If ``world_size`` is smaller than a host, the host shrinks to ``world_size`` ranks.
+        """
+        if name not in PRESETS:
+            _fail("topology", name, "one of " + ", ".join(repr(p) for p in PRESETS))
+        node = PRESETS[name]
+        lws = node["local_world_size"] if local_world_size is None else local_world_size
+        if isinstance(lws, bool) or not isinstance(lws, Integral) or lws <= 0:
+            _fail("local_world_size", lws, "a positive integer")
+        ws = lws if world_size is None else world_size
+        if isinstance(ws, bool) or not isinstance(ws, Integral) or ws <= 0:
+            _fail("world_size", ws, "a positive integer")
+        lws = min(int(lws), int(ws))
+        return cls(
+            world_size=int(ws),
+            local_world_size=lws,
+            hbm_bytes=node["hbm_per_gpu"],
+            ddr_bytes=node["ddr_per_node"] / lws,
+            ssd_bytes=node["ssd_per_node"] / lws,
+            hbm_bw=node["hbm_bw"],
+            ddr_bw=node["ddr_bw"],
+            ssd_bw=node["ssd_bw"],
+            intra_node_bw=node["intra_node_bw"],
+            inter_node_bw=node["inter_node_bw"],
+            name=name,
+            device=node["device"],
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Topology:
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise ConfigError(f"unknown key topology.{unknown[0]}; allowed keys: "
+                              + ", ".join(sorted(allowed)))
+        return cls(**dict(d))
+
+
+# Node-level figures; see the module docstring for sources.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu-local": {
+        "local_world_size": 2, "device": "cpu",
+        "hbm_per_gpu": 0.0, "ddr_per_node": 24e9, "ssd_per_node": 0.0,
+        "hbm_bw": 0.0, "ddr_bw": 2.7e9, "ssd_bw": 0.0,
+        "intra_node_bw": 1.8e9, "inter_node_bw": 1.25e9,
+    },
+    "zionex": {
+        "local_world_size": 8, "device": "cuda",
+        "hbm_per_gpu": 40e9, "ddr_per_node": 1.5e12, "ssd_per_node": 1.5e12,
+        "hbm_bw": 1.555e12, "ddr_bw": 25e9, "ssd_bw": 2e9,
+        "intra_node_bw": 300e9, "inter_node_bw": 25e9,
+    },
+    "dgx-h100": {
+        "local_world_size": 8, "device": "cuda",
+        "hbm_per_gpu": 80e9, "ddr_per_node": 2e12, "ssd_per_node": 8 * 3.84e12,
+        "hbm_bw": 3.35e12, "ddr_bw": 50e9, "ssd_bw": 3e9,
+        "intra_node_bw": 450e9, "inter_node_bw": 50e9,
+    },
+}

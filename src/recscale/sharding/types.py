@@ -1,0 +1,344 @@
+"""Planner inputs: table specs, constraints, precisions, optimizer and planner options.
+
+Everything here is a frozen dataclass validated in ``__post_init__``; a bad value raises
+``ConfigError`` (a ``ValueError``) naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from numbers import Integral, Real
+from typing import Any
+
+from recscale.config import ConfigError
+
+
+class ShardingType(str, enum.Enum):
+    """How one embedding table is split across ranks."""
+
+    DATA_PARALLEL = "data_parallel"  # replicated on every rank, gradients all-reduced
+    TABLE_WISE = "table_wise"  # the whole table on one rank
+    ROW_WISE = "row_wise"  # equal contiguous row blocks over all ranks
+    COLUMN_WISE = "column_wise"  # column slices on distinct ranks
+    TABLE_ROW_WISE = "table_row_wise"  # row blocks over the ranks of one host (hierarchical)
+    TABLE_COLUMN_WISE = "table_column_wise"  # column slices on the ranks of one host
+
+
+SHARDING_TYPES: tuple[str, ...] = tuple(t.value for t in ShardingType)
+TIERS: tuple[str, ...] = ("hbm", "ddr", "ssd")
+# Bytes per element. int8 is fbgemm's row-wise quantised format: +8 bytes (fp32 scale and bias)
+# per vector, added where it is communicated.
+PRECISION_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+WEIGHT_PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+COMM_PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8")
+# Optimizer state per row of a shard with `d` columns, in fp32 floats: (per row, per element).
+OPTIMIZER_STATE: dict[str, tuple[int, int]] = {
+    "exact_sgd": (0, 0),
+    "exact_rowwise_adagrad": (1, 0),
+    "exact_adagrad": (0, 1),
+    "adam": (0, 2),
+}
+STRATEGIES: tuple[str, ...] = ("balanced", "greedy", "round_robin")
+
+
+class PlannerError(Exception):
+    """The tables cannot be placed on the topology.
+
+    Attributes name the table, the bytes it needs, the capacity it was measured against, and the
+    changes that would make it fit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        table: str | None = None,
+        bytes_needed: float | None = None,
+        capacity: float | None = None,
+        suggestions: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.table = table
+        self.bytes_needed = bytes_needed
+        self.capacity = capacity
+        self.suggestions = tuple(suggestions)
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+
+
+def _choice(key: str, value: Any, choices: Sequence[str]) -> str:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value not in choices:
+        _fail(key, value, "one of " + ", ".join(repr(c) for c in choices))
+    return str(value)
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) <= 0:
+        _fail(key, value, "a positive integer")
+    return int(value)
+
+
+def _positive_float(key: str, value: Any, *, allow_zero: bool = False) -> float:
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if not ok or float(value) < 0 or (float(value) == 0 and not allow_zero):
+        _fail(key, value, "a non-negative finite number" if allow_zero else "a positive number")
+    return float(value)
+
+
+def _check_keys(where: str, mapping: Mapping[str, Any], cls: type) -> None:
+    allowed = sorted(f.name for f in fields(cls) if f.init)
+    unknown = sorted(set(mapping) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]}; allowed keys: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class TableConstraints:
+    """Restrictions on one table: the sharding types it may use and/or a pinned memory tier."""
+
+    sharding_types: tuple[str, ...] | None = None
+    tier: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharding_types is not None:
+            seq = self.sharding_types
+            if isinstance(seq, (str, ShardingType)):
+                seq = (seq,)
+            if not isinstance(seq, (list, tuple)) or not seq:
+                _fail("constraints.sharding_types", self.sharding_types,
+                      "a non-empty list of " + ", ".join(SHARDING_TYPES))
+            types = tuple(
+                _choice(f"constraints.sharding_types[{i}]", t, SHARDING_TYPES)
+                for i, t in enumerate(seq)
+            )
+            object.__setattr__(self, "sharding_types", types)
+        if self.tier is not None:
+            object.__setattr__(self, "tier", _choice("constraints.tier", self.tier, TIERS))
+
+    @classmethod
+    def coerce(cls, value: Any, where: str = "constraints") -> TableConstraints | None:
+        if value is None or isinstance(value, TableConstraints):
+            return value
+        if isinstance(value, Mapping):
+            _check_keys(where, value, cls)
+            st = value.get("sharding_types")
+            return cls(sharding_types=tuple(st) if isinstance(st, list) else st,
+                       tier=value.get("tier"))
+        _fail(where, value, "a mapping with keys sharding_types and/or tier")
+        raise AssertionError  # unreachable
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sharding_types": None if self.sharding_types is None else list(self.sharding_types),
+                "tier": self.tier}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table: ``num_embeddings`` rows of ``embedding_dim`` columns.
+
+    ``pooling_factor`` is the mean number of ids per sample per feature; ``feature_names`` are the
+    sparse features that look this table up (default: one feature named like the table).
+    """
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: float = 1.0
+    feature_names: tuple[str, ...] = ()
+    constraints: TableConstraints | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            _fail("name", self.name, "a non-empty string")
+        where = f"table {self.name!r}"
+        object.__setattr__(self, "num_embeddings",
+                           _positive_int(f"{where}: num_embeddings", self.num_embeddings))
+        object.__setattr__(self, "embedding_dim",
+                           _positive_int(f"{where}: embedding_dim", self.embedding_dim))
+        object.__setattr__(self, "pooling_factor",
+                           _positive_float(f"{where}: pooling_factor", self.pooling_factor))
+        names = self.feature_names
+        if isinstance(names, str):
+            names = (names,)
+        if names is None or len(names) == 0:
+            names = (self.name,)
+        if not all(isinstance(n, str) and n for n in names):
+            _fail(f"{where}: feature_names", self.feature_names, "a list of non-empty strings")
+        object.__setattr__(self, "feature_names", tuple(names))
+        object.__setattr__(self, "constraints",
+                           TableConstraints.coerce(self.constraints, f"{where}: constraints"))
+
+    @property
+    def num_features(self) -> int:
+        return len(self.feature_names)
+
+    @property
+    def num_params(self) -> int:
+        return self.num_embeddings * self.embedding_dim
+
+    def allowed_types(self) -> tuple[str, ...]:
+        if self.constraints is None or self.constraints.sharding_types is None:
+            return SHARDING_TYPES
+        return self.constraints.sharding_types
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "table") -> TableSpec:
+        if not isinstance(d, Mapping):
+            _fail(where, d, "a mapping with name, num_embeddings, embedding_dim, ...")
+        _check_keys(where, d, cls)
+        for key in ("name", "num_embeddings", "embedding_dim"):
+            if key not in d:
+                raise ConfigError(f"{where}: missing key {key!r} (required: name, num_embeddings, "
+                                  "embedding_dim)")
+        kw = dict(d)
+        if isinstance(kw.get("feature_names"), list):
+            kw["feature_names"] = tuple(kw["feature_names"])
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "num_embeddings": self.num_embeddings,
+            "embedding_dim": self.embedding_dim,
+            "pooling_factor": self.pooling_factor,
+            "feature_names": list(self.feature_names),
+            "constraints": None if self.constraints is None else self.constraints.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class CommsPrecision:
+    """Wire precision per direction: pooled outputs (forward), their gradients (backward), and the
+    data-parallel gradient all-reduce. Accepts ``"fp16"`` (all directions) or a dict such as
+    ``{"forward": "fp16", "backward": "bf16", "dense_allreduce": "bf16"}``."""
+
+    forward: str = "fp32"
+    backward: str = "fp32"
+    dense_allreduce: str = "fp32"
+
+    def __post_init__(self) -> None:
+        for f in ("forward", "backward", "dense_allreduce"):
+            object.__setattr__(self, f, _choice(f"comms.{f}", getattr(self, f), COMM_PRECISIONS))
+
+    @classmethod
+    def coerce(cls, value: Any) -> CommsPrecision:
+        if value is None:
+            return cls()
+        if isinstance(value, CommsPrecision):
+            return value
+        if isinstance(value, str):
+            return cls(value, value, value)
+        if isinstance(value, Mapping):
+            _check_keys("comms", value, cls)
+            return cls(**value)
+        _fail("comms", value, "a precision name or a mapping with forward/backward/dense_allreduce")
+        raise AssertionError  # unreachable
+
+    def to_dict(self) -> dict[str, str]:
+        return {"forward": self.forward, "backward": self.backward,
+                "dense_allreduce": self.dense_allreduce}
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """Knobs of ``plan_sharding``; every one has a default.
+
+    - ``optimizer``: sets optimizer-state bytes per row (exact_sgd 0, exact_rowwise_adagrad 1 float,
+      exact_adagrad D floats, adam 2*D floats).
+    - ``weight_precision``: bytes per stored weight (fp32/fp16/bf16).
+    - ``comms``: wire precision per direction (``CommsPrecision``, a name, or a dict).
+    - ``memory_fraction``: share of each tier's capacity the planner may fill (rest is headroom for
+      activations, the dense model and allocator slack).
+    - ``column_granularity`` / ``min_column_width``: column shards are multiples of the granularity
+      and never narrower than the minimum.
+    - ``cache_fraction``: share of a spilled shard's rows cached in the compute tier; None lets the
+      planner pick from a few candidates by estimated cost.
+    - ``cache_hit_exponent``: hit rate of a cache holding a fraction c of the rows is c**exponent
+      (skewed, Zipf-like ids).
+    - ``index_bytes``: bytes per sparse id on the wire (int64: 8).
+    - ``pack_fraction``: the planner prefers shards no larger than this share of a rank's tier.
+    - ``data_parallel_max_fraction``: a table is replicated only if it takes at most this share of
+      the compute tier of each rank.
+    - ``split_fractions``: targets tried for the largest shard as a share of the mean rank cost; the
+      best resulting plan is kept.
+    - ``strategy``: "balanced" (this planner), or the baselines "greedy" / "round_robin"
+      (table-wise, row-wise only for tables too large for one rank, no search).
+    - ``max_improve_iters``: cap on local-search steps (0: 8 * world_size + 200).
+    """
+
+    optimizer: str = "exact_rowwise_adagrad"
+    weight_precision: str = "fp32"
+    comms: CommsPrecision = field(default_factory=CommsPrecision)
+    memory_fraction: float = 0.9
+    column_granularity: int = 4
+    min_column_width: int = 16
+    cache_fraction: float | None = None
+    cache_hit_exponent: float = 0.2
+    index_bytes: int = 8
+    pack_fraction: float = 0.5
+    data_parallel_max_fraction: float = 0.01
+    split_fractions: tuple[float, ...] = (0.5, 0.25, 0.125)
+    strategy: str = "balanced"
+    max_improve_iters: int = 0
+
+    def __post_init__(self) -> None:
+        _choice("optimizer", self.optimizer, tuple(OPTIMIZER_STATE))
+        _choice("weight_precision", self.weight_precision, WEIGHT_PRECISIONS)
+        object.__setattr__(self, "comms", CommsPrecision.coerce(self.comms))
+        mf = _positive_float("memory_fraction", self.memory_fraction)
+        if mf > 1:
+            _fail("memory_fraction", self.memory_fraction, "a number in (0, 1]")
+        _positive_int("column_granularity", self.column_granularity)
+        _positive_int("min_column_width", self.min_column_width)
+        if self.cache_fraction is not None:
+            c = _positive_float("cache_fraction", self.cache_fraction, allow_zero=True)
+            if c >= 1:
+                _fail("cache_fraction", self.cache_fraction, "a number in [0, 1) or null")
+        _positive_float("cache_hit_exponent", self.cache_hit_exponent)
+        _positive_int("index_bytes", self.index_bytes)
+        pf = _positive_float("pack_fraction", self.pack_fraction)
+        if pf > 1:
+            _fail("pack_fraction", self.pack_fraction, "a number in (0, 1]")
+        _positive_float("data_parallel_max_fraction", self.data_parallel_max_fraction,
+                        allow_zero=True)
+        sf = self.split_fractions
+        if isinstance(sf, Real):
+            sf = (sf,)
+        if not isinstance(sf, (list, tuple)) or not sf:
+            _fail("split_fractions", self.split_fractions, "a non-empty list of positive numbers")
+        object.__setattr__(self, "split_fractions",
+                           tuple(_positive_float("split_fractions", x) for x in sf))
+        _choice("strategy", self.strategy, STRATEGIES)
+        if isinstance(self.max_improve_iters, bool) or not isinstance(
+            self.max_improve_iters, Integral
+        ) or self.max_improve_iters < 0:
+            _fail("max_improve_iters", self.max_improve_iters, "a non-negative integer")
+
+    @classmethod
+    def coerce(cls, value: Any = None, **overrides: Any) -> PlannerOptions:
+        if value is None:
+            base: dict[str, Any] = {}
+        elif isinstance(value, PlannerOptions):
+            base = {f.name: getattr(value, f.name) for f in fields(cls)}
+        elif isinstance(value, Mapping):
+            _check_keys("options", value, cls)
+            base = dict(value)
+        else:
+            _fail("options", value, "a PlannerOptions or a mapping of its fields")
+            raise AssertionError  # unreachable
+        _check_keys("plan_sharding", overrides, cls)
+        base.update(overrides)
+        return cls(**base)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["comms"] = self.comms.to_dict()
+        out["split_fractions"] = list(self.split_fractions)
+        return out
