@@ -1,17 +1,19 @@
-"""Project pipelines: ``dlrm`` = data_processing + training + evaluation (also the default)."""
+"""Project pipelines: ``dlrm`` = data_processing + sharding + training + evaluation (the default)."""
 
 from kedro.pipeline import Pipeline
 
-from recscale.pipelines import data_processing, evaluation, training
+from recscale.pipelines import data_processing, evaluation, sharding, training
 
 
 def register_pipelines() -> dict[str, Pipeline]:
     dp = data_processing.create_pipeline()
+    sh = sharding.create_pipeline()
     tr = training.create_pipeline()
     ev = evaluation.create_pipeline()
-    dlrm = dp + tr + ev
+    dlrm = dp + sh + tr + ev
     return {
         "data_processing": dp,
+        "sharding": sh,
         "training": tr,
         "evaluation": ev,
         "dlrm": dlrm,

@@ -72,6 +72,14 @@ def test_dlrm_pipeline_records_params_metrics_history_and_model(finished_run):
     local = client.download_artifacts(run_id, "model/dlrm_state_dict.pt", str(proj / "dl"))
     state = torch.load(local, weights_only=True)
     assert "embeddings.tbe.weights_host" in state and "top.0.weight" in state
+    assert {a.path for a in client.list_artifacts(run_id, "sharding")} == {
+        "sharding/sharding_plan.json", "sharding/sharding_report.txt", "sharding/sharding_plan.png"}
+    assert run["metrics.sharding.max_over_mean"] >= 1.0
+    plan_path = client.download_artifacts(run_id, "sharding/sharding_plan.json", str(proj / "dl"))
+    from recscale.sharding import ShardingPlan
+
+    plan = ShardingPlan.load(plan_path)
+    assert len(plan.tables) == 26 and plan.world_size == 1
     cfg = client.download_artifacts(run_id, "config/resolved_config.json", str(proj / "dl"))
     assert '"embedding_optimizer"' in Path(cfg).read_text()
 

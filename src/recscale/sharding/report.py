@@ -119,6 +119,10 @@ def save_chart(plan: ShardingPlan, path: str | Path) -> Path:
         ax.set_ylabel("GB")
         ax.legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("rank")
+    step = max(1, len(ranks) // 16)  # integer rank ticks, at most ~16 labels
+    for a in axes[:, 0]:
+        a.set_xticks(ranks[::step])
+        a.set_xlim(-0.6, len(ranks) - 0.4)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

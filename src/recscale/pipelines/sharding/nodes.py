@@ -1,0 +1,57 @@
+"""Thin sharding node: table specs from the preprocessed data, plan, report, chart."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from recscale.config import ConfigError
+from recscale.pipelines.common import as_metrics
+from recscale.sharding import TableSpec, Topology, plan_sharding, save_chart
+
+log = logging.getLogger(__name__)
+
+_KEYS = {"topology", "world_size", "local_world_size", "options"}
+
+
+def table_specs(dataset_manifest: dict, embedding_dim: int) -> list[TableSpec]:
+    """One table per categorical feature: rows = hashed table size, pooling measured in the data."""
+    return [
+        TableSpec(name=f"t_{f}", num_embeddings=int(rows), embedding_dim=embedding_dim,
+                  pooling_factor=max(float(pool), 1e-3), feature_names=(f,))
+        for f, rows, pool in zip(dataset_manifest["sparse_features"],
+                                 dataset_manifest["table_sizes"],
+                                 dataset_manifest["pooling_factors"])
+    ]
+
+
+def plan_tables(dataset_manifest: dict, sharding_params: dict, model_params: dict,
+                train_params: dict):
+    unknown = sorted(set(sharding_params) - _KEYS)
+    if unknown:
+        raise ConfigError(f"unknown key sharding.{unknown[0]}; allowed keys under sharding: "
+                          f"{', '.join(sorted(_KEYS))}")
+    world = sharding_params.get("world_size") or train_params.get("world_size", 1)
+    topo = Topology.preset(sharding_params.get("topology", "cpu-local"), world_size=world,
+                           local_world_size=sharding_params.get("local_world_size"))
+    opts = {"optimizer": train_params.get("embedding_optimizer", {}).get(
+        "name", "exact_rowwise_adagrad"), **(sharding_params.get("options") or {})}
+    plan = plan_sharding(table_specs(dataset_manifest, model_params["embedding_dim"]), topo,
+                         train_params["batch_size"], opts)
+    log.info("sharding plan\n%s", plan.report())
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / "plan.png"
+        save_chart(plan, chart)
+        from PIL import Image
+
+        image = Image.open(chart)
+        image.load()
+    metrics = {
+        "max_cost_ms": plan.max_cost * 1e3,
+        "mean_cost_ms": plan.mean_cost * 1e3,
+        "max_over_mean": plan.max_over_mean,
+        "planning_seconds": plan.planning_seconds,
+        "world_size": plan.world_size,
+    }
+    return plan.to_dict(), plan.report(), image, as_metrics(metrics)

@@ -1,0 +1,26 @@
+"""The Kedro sharding node builds table specs from the preprocessed data and plans them."""
+
+import pytest
+
+from recscale.config import ConfigError
+from recscale.pipelines.sharding.nodes import plan_tables, table_specs
+
+
+def test_table_specs_come_from_the_data(parquet_dataset):
+    specs = table_specs(parquet_dataset, 16)
+    assert [s.num_embeddings for s in specs] == parquet_dataset["table_sizes"]
+    assert specs[21].pooling_factor == pytest.approx(parquet_dataset["pooling_factors"][21])
+    assert specs[0].feature_names == ("C1",)
+
+
+def test_plan_node_plans_for_the_training_world_size(parquet_dataset):
+    plan, report, image, metrics = plan_tables(
+        parquet_dataset, {"topology": "cpu-local"}, {"embedding_dim": 16},
+        {"world_size": 2, "batch_size": 256, "embedding_optimizer": {"name": "exact_sgd"}})
+    assert plan["topology"]["world_size"] == 2 and len(plan["tables"]) == 26
+    assert "Sharding plan: 26 tables on cpu-local (2 ranks" in report
+    assert "optimizer exact_sgd" in report
+    assert image.size[0] > 100 and metrics["max_over_mean"]["value"] >= 1.0
+    with pytest.raises(ConfigError, match="unknown key sharding.topolgy"):
+        plan_tables(parquet_dataset, {"topolgy": "zionex"}, {"embedding_dim": 16},
+                    {"batch_size": 256})
