@@ -71,7 +71,7 @@ def test_dlrm_pipeline_records_params_metrics_history_and_model(finished_run):
     assert len(client.get_metric_history(run_id, "train.samples_per_s")) == len(history)
     local = client.download_artifacts(run_id, "model/dlrm_state_dict.pt", str(proj / "dl"))
     state = torch.load(local, weights_only=True)
-    assert "embeddings.tbe.weights_host" in state and "top.0.weight" in state
+    assert "embeddings.tbe.weights_host" in state and "dense_arch.top.0.weight" in state
     assert {a.path for a in client.list_artifacts(run_id, "sharding")} == {
         "sharding/sharding_plan.json", "sharding/sharding_report.txt", "sharding/sharding_plan.png"}
     assert run["metrics.sharding.max_over_mean"] >= 1.0

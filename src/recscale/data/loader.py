@@ -25,9 +25,17 @@ from recscale.data.criteo import DENSE_NAMES, SPARSE_NAMES
 
 @dataclass(frozen=True)
 class RowGroupRef:
+    """Rows [start, stop) of row group ``index`` of ``path`` (stop None = to the end)."""
+
     path: str
     index: int
     num_rows: int
+    start: int = 0
+    stop: int | None = None
+
+    @property
+    def rows(self) -> int:
+        return (self.num_rows if self.stop is None else self.stop) - self.start
 
 
 def list_row_groups(files: Sequence[str | os.PathLike]) -> list[RowGroupRef]:
@@ -39,10 +47,25 @@ def list_row_groups(files: Sequence[str | os.PathLike]) -> list[RowGroupRef]:
 
 
 def shard_row_groups(refs: Sequence[RowGroupRef], rank: int, world_size: int) -> list[RowGroupRef]:
-    """Row groups of one rank: round-robin, so each rank reads disjoint groups, all groups read."""
+    """One rank's rows: the contiguous range [rank * N / W, (rank + 1) * N / W) of the N rows, so
+    ranks differ by at most one row and every row is read by exactly one rank. A rank reads the row
+    groups inside its range whole and at most two boundary groups in part."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} is not allowed: expected 0 <= rank < world_size={world_size}")
-    return list(refs[rank::world_size])
+    total = sum(r.rows for r in refs)
+    lo, hi = rank * total // world_size, (rank + 1) * total // world_size
+    out, pos = [], 0
+    for r in refs:
+        a, b = max(lo, pos), min(hi, pos + r.rows)
+        if a < b:
+            out.append(RowGroupRef(r.path, r.index, r.num_rows, r.start + a - pos, r.start + b - pos))
+        pos += r.rows
+    return out
+
+
+def rank_row_counts(files: Sequence[str | os.PathLike], world_size: int) -> list[int]:
+    refs = list_row_groups(files)
+    return [sum(r.rows for r in shard_row_groups(refs, k, world_size)) for k in range(world_size)]
 
 
 @dataclass
@@ -71,6 +94,8 @@ class Columns:
 
 def read_row_group(ref: RowGroupRef) -> Columns:
     table = pq.ParquetFile(ref.path).read_row_group(ref.index)
+    if ref.start or ref.stop is not None:
+        table = table.slice(ref.start, ref.rows)
     dense = np.stack([table.column(n).to_numpy() for n in DENSE_NAMES], axis=1).astype(np.float32)
     ids = np.stack([pc.fill_null(table.column(n), 0).to_numpy() for n in SPARSE_NAMES], axis=1)
     present = np.stack([table.column(n).is_valid().to_numpy() for n in SPARSE_NAMES], axis=1)
@@ -81,6 +106,12 @@ def read_row_group(ref: RowGroupRef) -> Columns:
         ids=ids.astype(np.int64, copy=False),
         present=present,
     )
+
+
+def empty_columns(num_dense: int = len(DENSE_NAMES), num_sparse: int = len(SPARSE_NAMES)) -> Columns:
+    return Columns(np.zeros(0, np.int64), np.zeros(0, np.float32),
+                   np.zeros((0, num_dense), np.float32), np.zeros((0, num_sparse), np.int64),
+                   np.zeros((0, num_sparse), bool))
 
 
 def to_batch(cols: Columns) -> Batch:

@@ -65,6 +65,7 @@ class FusedEmbeddingBags(nn.Module):
         device: torch.device | str = "cpu",
         seed: int = 0,
         table_ids: Sequence[int] | None = None,
+        initial_weights: Sequence[torch.Tensor] | None = None,
     ):
         super().__init__()
         if len(rows) != len(dims) or not rows:
@@ -96,8 +97,11 @@ class FusedEmbeddingBags(nn.Module):
             logging.disable(previous)
         table_ids = range(len(self.rows)) if table_ids is None else table_ids
         with torch.no_grad():
-            for t, w in zip(table_ids, self.tbe.split_embedding_weights()):
-                w.copy_(table_init(seed, t, w.shape[0], w.shape[1]))
+            for i, (t, w) in enumerate(zip(table_ids, self.tbe.split_embedding_weights())):
+                if initial_weights is not None:  # e.g. a shard: its slice of the full table
+                    w.copy_(initial_weights[i])
+                else:
+                    w.copy_(table_init(seed, t, w.shape[0], w.shape[1]))
 
     @property
     def output_dim(self) -> int:

@@ -1,5 +1,5 @@
 """Models: DLRM (bottom MLP, fused embedding bags, feature interaction, top MLP)."""
 
-from recscale.model.dlrm import DLRM, MLP, ModelConfig, build_dlrm, interaction_dim
+from recscale.model.dlrm import DLRM, MLP, DenseArch, ModelConfig, build_dlrm, interaction_dim
 
-__all__ = ["DLRM", "MLP", "ModelConfig", "build_dlrm", "interaction_dim"]
+__all__ = ["DLRM", "MLP", "DenseArch", "ModelConfig", "build_dlrm", "interaction_dim"]

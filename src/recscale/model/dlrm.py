@@ -67,13 +67,14 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
 
 
-class DLRM(nn.Module):
-    def __init__(self, num_dense: int, num_tables: int, cfg: ModelConfig, embeddings: nn.Module):
+class DenseArch(nn.Module):
+    """Everything dense: bottom MLP, interaction, top MLP. This is what DDP wraps."""
+
+    def __init__(self, num_dense: int, num_tables: int, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.num_tables = num_tables
         self.bottom = MLP(num_dense, cfg.bottom_mlp)
-        self.embeddings = embeddings
         self.top = MLP(interaction_dim(cfg, num_tables), cfg.top_mlp, last_activation=False)
         if cfg.interaction == "dot":
             f = num_tables + 1
@@ -97,18 +98,49 @@ class DLRM(nn.Module):
         z = torch.bmm(feats, feats.transpose(1, 2)).flatten(1)
         return torch.cat([x, z.index_select(1, self._tril)], dim=1)
 
-    def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
-        """-> click logits [B] (fp32)."""
-        emb = self.embeddings(sparse)
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             x = self.bottom(dense)
             logits = self.top(self.interact(x, emb))
         return logits.squeeze(1).float()
 
+
+class DLRM(nn.Module):
+    """Embeddings (any module mapping SparseFeatures -> [B, T * D]) + the dense arch.
+
+    The dense arch is initialised from ``seed`` on its own, so a single-process and a sharded
+    model built with the same seed start from the same dense weights.
+    """
+
+    def __init__(self, num_dense: int, num_tables: int, cfg: ModelConfig, embeddings: nn.Module,
+                 seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.num_tables = num_tables
+        self.embeddings = embeddings
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.dense_arch = DenseArch(num_dense, num_tables, cfg)
+
+    def _dense(self) -> DenseArch:
+        arch = self.dense_arch
+        return arch.module if hasattr(arch, "module") else arch  # unwrap DDP
+
+    @property
+    def bottom(self) -> MLP:
+        return self._dense().bottom
+
+    @property
+    def top(self) -> MLP:
+        return self._dense().top
+
+    def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
+        """-> click logits [B] (fp32)."""
+        return self.dense_arch(dense, self.embeddings(sparse))
+
     def dense_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters for the dense optimizer (the embeddings update themselves in backward)."""
-        yield from self.bottom.parameters()
-        yield from self.top.parameters()
+        yield from self._dense().parameters()
 
 
 def build_dlrm(
@@ -122,10 +154,9 @@ def build_dlrm(
     """Single-process DLRM with all tables in one fused fbgemm module. Same seed, same weights."""
     from recscale.embedding import FusedEmbeddingBags
 
-    torch.manual_seed(seed)
     emb = FusedEmbeddingBags(
         table_sizes, [cfg.embedding_dim] * len(table_sizes), embedding_optimizer, device=device,
         seed=seed,
     )
-    model = DLRM(num_dense, len(table_sizes), cfg, emb)
+    model = DLRM(num_dense, len(table_sizes), cfg, emb, seed=seed)
     return model.to(device)

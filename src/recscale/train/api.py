@@ -36,8 +36,14 @@ def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
                       train_cfg.embedding_optimizer, seed=train_cfg.seed, device=device)
 
 
-def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig) -> TrainOutcome:
-    """Train on the manifest's train split in this process."""
+def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+               plan=None, out_dir: str | None = None) -> TrainOutcome:
+    """Train on the manifest's train split: in this process when ``train.world_size`` is 1, else
+    sharded over ``world_size`` workers as ``plan`` (a ShardingPlan or its dict) says."""
+    from recscale.train.launch import in_torchrun
+
+    if train_cfg.world_size > 1 or in_torchrun():
+        return _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir)
     device = resolve_device(train_cfg.device)
     threads = set_threads(train_cfg.num_threads)
     model = build_model_for(manifest, model_cfg, train_cfg, device)
@@ -74,3 +80,34 @@ def evaluate_dlrm(model: DLRM, manifest: dict, split: str, batch_size: int,
         metrics["oracle_auc"] = auc_score(labels, oracle_probs[rows])
         metrics["auc_gap_to_oracle"] = metrics["oracle_auc"] - metrics["auc"]
     return metrics
+
+
+def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcome:
+    from recscale.config import to_dict
+    from recscale.sharding import ShardingPlan
+    from recscale.train.launch import launch
+    from recscale.train.sharded import default_out_dir, sharded_train_worker, summarize
+
+    if plan is None:
+        raise ValueError("train.world_size > 1 needs a sharding plan (the sharding pipeline makes one)")
+    plan_d = plan.to_dict() if isinstance(plan, ShardingPlan) else plan
+    if plan_d["topology"]["world_size"] != train_cfg.world_size:
+        raise ValueError(f"the sharding plan is for world_size={plan_d['topology']['world_size']}, "
+                         f"train.world_size={train_cfg.world_size}: plan again for this world size")
+    out_dir = out_dir or default_out_dir()
+    results = launch(sharded_train_worker,
+                     (manifest, to_dict(model_cfg), to_dict(train_cfg), plan_d, out_dir), train_cfg)
+    summary = summarize(results)
+    r0 = results.get(0)
+    if r0 is None:  # another host holds rank 0; it logs the run
+        raise RuntimeError("rank 0 ran on another host: its node records the run")
+    expected = count_rows(manifest["splits"]["train"]["files"]) * train_cfg.epochs
+    if train_cfg.max_steps is None and summary["samples"] != expected:
+        raise RuntimeError(f"trained on {summary['samples']} samples but the train split holds "
+                           f"{expected // train_cfg.epochs} rows x {train_cfg.epochs} epochs")
+    model = build_model_for(manifest, model_cfg, train_cfg)
+    model.load_state_dict(torch.load(r0["state_path"], weights_only=True))
+    res = TrainResult(steps=summary["steps"], samples=summary["samples"],
+                      step_seconds=summary["step_seconds"], final_loss=summary["final_loss"],
+                      history=r0["history"], extra=summary)
+    return TrainOutcome(model, res, tuple(manifest["table_sizes"]), train_cfg.num_threads or 0, "cpu")

@@ -34,7 +34,11 @@ class TrainConfig:
     embedding_optimizer: EmbeddingOptimizerConfig = field(default_factory=EmbeddingOptimizerConfig)
     dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
     log_every: int = 20  # steps between metric-history points
-    world_size: int = 1
+    world_size: int = 1  # ranks in all; > 1 runs the sharded runtime (torch.distributed)
+    nnodes: int = 1  # hosts; each starts world_size / nnodes workers
+    rdzv_endpoint: str = "127.0.0.1:0"  # host:port of the rendezvous (port 0: pick one, 1 host)
+    max_restarts: int = 0  # elastic restarts of the worker group after a failure
+    collective_timeout_s: float = 300.0  # a collective stuck this long fails the run
     num_threads: int | None = None  # intra-op threads per process; null -> cores / local ranks
     reader_workers: int = 2
     prefetch: int = 4
@@ -49,6 +53,12 @@ class TrainConfig:
               "null or a positive integer")
         check(self.log_every > 0, f"{prefix}.log_every", self.log_every, "a positive integer")
         check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
+        check(self.nnodes >= 1 and self.world_size % self.nnodes == 0, f"{prefix}.nnodes",
+              self.nnodes, f"a divisor of train.world_size={self.world_size}")
+        check(":" in self.rdzv_endpoint, f"{prefix}.rdzv_endpoint", self.rdzv_endpoint, "host:port")
+        check(self.max_restarts >= 0, f"{prefix}.max_restarts", self.max_restarts, ">= 0")
+        check(self.collective_timeout_s > 0, f"{prefix}.collective_timeout_s",
+              self.collective_timeout_s, "> 0")
         check(self.num_threads is None or self.num_threads >= 1, f"{prefix}.num_threads",
               self.num_threads, "null or >= 1")
         check(self.reader_workers >= 1, f"{prefix}.reader_workers", self.reader_workers, ">= 1")

@@ -81,6 +81,7 @@ class TrainResult:
     wall_seconds: float = 0.0
     final_loss: float = float("nan")
     history: dict[str, list[dict]] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)  # e.g. per-rank time split, bytes
 
     @property
     def samples_per_s(self) -> float:

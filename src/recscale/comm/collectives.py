@@ -1,0 +1,98 @@
+"""Collectives of the sharded runtime, each counting bytes sent and wall time spent.
+
+``all_to_all_1d`` moves a flat tensor with per-peer element counts; its backward is the same
+collective with the counts swapped, so gradients flow back to the ranks that produced the inputs.
+Bytes are counted from the tensors actually handed to the backend (what leaves this rank for other
+ranks), never computed from shapes elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CommStats:
+    """Bytes sent to other ranks and seconds spent, per collective name."""
+
+    bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, name: str, nbytes: int, seconds: float) -> None:
+        self.bytes_sent[name] += int(nbytes)
+        self.seconds[name] += seconds
+        self.calls[name] += 1
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_sent.values())
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def reset(self) -> None:
+        self.bytes_sent.clear()
+        self.seconds.clear()
+        self.calls.clear()
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        return {k: {"bytes": self.bytes_sent[k], "seconds": self.seconds[k], "calls": self.calls[k]}
+                for k in sorted(self.bytes_sent)}
+
+
+def _peer_bytes(t: torch.Tensor, splits: Sequence[int], rank: int) -> int:
+    return (sum(splits) - splits[rank]) * t.element_size()
+
+
+def exchange_counts(counts: torch.Tensor, group=None, stats: CommStats | None = None,
+                    name: str = "counts") -> torch.Tensor:
+    """counts [world, k] (row d goes to rank d) -> received [world, k] (row s came from rank s)."""
+    world = dist.get_world_size(group)
+    out = torch.empty_like(counts)
+    t0 = time.perf_counter()
+    dist.all_to_all_single(out, counts.contiguous(), group=group)
+    if stats is not None:
+        rank = dist.get_rank(group)
+        stats.add(name, _peer_bytes(counts, [counts[0].numel()] * world, rank),
+                  time.perf_counter() - t0)
+    return out
+
+
+def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group, stats, name) -> torch.Tensor:
+    out = x.new_empty(sum(recv))
+    t0 = time.perf_counter()
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send,
+                           group=group)
+    if stats is not None:
+        stats.add(name, _peer_bytes(x, send, dist.get_rank(group)), time.perf_counter() - t0)
+    return out
+
+
+class _AllToAll1D(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send, recv, group, stats, name):
+        ctx.send, ctx.recv, ctx.group, ctx.stats, ctx.name = send, recv, group, stats, name
+        return _a2a(x, send, recv, group, stats, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = _a2a(grad.contiguous(), ctx.recv, ctx.send, ctx.group, ctx.stats, ctx.name + "_grad")
+        return g, None, None, None, None, None
+
+
+def all_to_all_1d(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+                  group=None, stats: CommStats | None = None, name: str = "all_to_all") -> torch.Tensor:
+    """Flat all-to-all: ``send_counts[d]`` elements of ``x`` go to rank d, in rank order.
+    Differentiable when ``x`` requires grad (backward = the transposed all-to-all)."""
+    send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+    if x.requires_grad:
+        return _AllToAll1D.apply(x, send, recv, group, stats, name)
+    return _a2a(x, send, recv, group, stats, name)

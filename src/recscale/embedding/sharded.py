@@ -1,0 +1,315 @@
+"""Sharded embedding collection: one rank's part of a ShardingPlan, executed on torch.distributed.
+
+Every shard a rank owns lives in one fbgemm table-batched embedding (optimizer fused into backward).
+A forward pass, for a local batch of B samples (B may differ between ranks, even be 0):
+
+1. input distribution: row-sharded features (row_wise, table_row_wise) are split by row block with
+   fbgemm's ``block_bucketize_sparse_features`` (ids become shard-local); one
+   ``permute_2D_sparse_data`` then orders (and, for column shards, repeats) the features by
+   destination rank; per-destination batch sizes and id counts are exchanged, then lengths and ids
+   go out in two all-to-alls;
+2. the owner looks up the ids of every rank's samples at once (global batch, source-rank order);
+3. output distribution: pooled rows go back to their samples' ranks in one all-to-all; there one
+   ``index_add`` places table-wise and column-shard columns and sums row-wise partial results (the
+   reduce-scatter, as all-to-all + local sum, in the same collective as everything else).
+
+The backward of each collective is the transposed collective, so the gradients of pooled outputs
+reach the owning ranks, whose fused kernels update the shards in place.
+
+Data-parallel tables are replicated in a second fbgemm module: every rank looks up the global
+batch's ids (all-gathered) and keeps its own rows; in backward the output gradients are
+all-gathered, so every replica applies the identical fused update for the whole global batch.
+That keeps the replicas bitwise equal and the update exactly the single-process one, also for the
+row-wise Adagrad state, which an all-reduce of per-replica updates would not reproduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from recscale.comm.collectives import CommStats, all_to_all_1d, exchange_counts
+from recscale.data.batch import SparseFeatures
+from recscale.embedding.tbe import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
+from recscale.sharding import ShardingPlan
+
+ROW_TYPES = ("row_wise", "table_row_wise")
+
+
+def _bag_order(k: int, batch_sizes: Sequence[int]) -> torch.Tensor:
+    """Bags arrive source-major ([source][feature][sample]); the TBE wants feature-major over the
+    concatenated batch ([feature][source][sample]). -> index of the incoming bag for each slot."""
+    parts, off = [], 0
+    for b in batch_sizes:
+        parts.append(off + torch.arange(k).unsqueeze(1) * b + torch.arange(b).unsqueeze(0))
+        off += k * b
+    if not parts:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.cat(parts, dim=1).reshape(-1)
+
+
+class _OwnRowsGatherGrad(torch.autograd.Function):
+    """Forward: this rank's rows of a replicated global output. Backward: all ranks' gradients are
+    gathered into the global gradient, so every replica sees the same full-batch gradient."""
+
+    @staticmethod
+    def forward(ctx, full, start, batch_sizes, rank, group, stats):
+        ctx.batch_sizes, ctx.rank, ctx.group, ctx.stats, ctx.width = batch_sizes, rank, group, stats, full.shape[1]
+        return full[start: start + batch_sizes[rank]]
+
+    @staticmethod
+    def backward(ctx, grad):
+        w = ctx.width
+        world = len(ctx.batch_sizes)
+        flat = grad.contiguous().reshape(-1)
+        send = [flat.numel()] * world
+        flat = flat.repeat(world)
+        recv = [b * w for b in ctx.batch_sizes]
+        g = all_to_all_1d(flat, send, recv, ctx.group, ctx.stats, "dp_output_grad")
+        return g.view(-1, w), None, None, None, None, None
+
+
+class _GradScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+class ShardedEmbeddingCollection(nn.Module):
+    """This rank's shards of every table of ``plan``; forward(local sparse) -> pooled [B, sum(D)].
+
+    ``feature_names``: the order of the input features (one table per feature); the output columns
+    follow it. Works for any mix of the six sharding types.
+    """
+
+    def __init__(
+        self,
+        plan: ShardingPlan,
+        feature_names: Sequence[str],
+        optimizer: EmbeddingOptimizerConfig,
+        rank: int,
+        world_size: int,
+        seed: int = 0,
+        group=None,
+        device: torch.device | str = "cpu",
+        stats: CommStats | None = None,
+        output_grad_scale: float = 1.0,
+    ):
+        super().__init__()
+        # The sharded trainer makes each rank's loss W x its share of the global mean, so DDP's
+        # gradient averaging gives the dense layers the global-mean gradient; the embeddings,
+        # whose gradients from all ranks are summed by the transposed all-to-all, take 1/W.
+        self.output_grad_scale = output_grad_scale
+        if plan.world_size != world_size:
+            raise ValueError(f"the plan is for world_size={plan.world_size}, this run has {world_size}")
+        self.rank, self.world, self.group = rank, world_size, group
+        self.stats = stats if stats is not None else CommStats()
+        self.device = torch.device(device)
+        by_feature = {}
+        for tp in plan.tables:
+            for f in tp.feature_names:
+                by_feature[f] = tp
+        missing = [f for f in feature_names if f not in by_feature]
+        if missing:
+            raise ValueError(f"the sharding plan has no table for feature(s) {missing}")
+        self.tables = [by_feature[f] for f in feature_names]
+        T = len(self.tables)
+        self.num_tables = T
+        self.dims = [tp.embedding_dim for tp in self.tables]
+        col0 = [0]
+        for d in self.dims:
+            col0.append(col0[-1] + d)
+        self.output_dim = col0[-1]
+
+        dp = [t for t, tp in enumerate(self.tables) if tp.sharding_type == "data_parallel"]
+        rw = [t for t, tp in enumerate(self.tables) if tp.sharding_type in ROW_TYPES]
+        self.dp_tables, self.rw_tables = dp, rw
+        # routes[d]: the (table, shard) pairs rank d serves, in its module's table order
+        routes: list[list] = [[] for _ in range(world_size)]
+        for t, tp in enumerate(self.tables):
+            if t in dp:
+                continue
+            for s in sorted(tp.shards, key=lambda s: (s.row_offset, s.col_offset)):
+                routes[s.rank].append((t, s))
+        self.routes = routes
+        self.k = [len(r) for r in routes]
+        # combined feature rows: 0..T-1 the input features; T + k*len(rw) + j bucket k of rw table j
+        perm = []
+        for d in range(world_size):
+            for t, s in routes[d]:
+                if t in rw:
+                    block = self.tables[t].row_block_size
+                    perm.append(T + (s.row_offset // block) * len(rw) + rw.index(t))
+                else:
+                    perm.append(t)
+        self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int32), persistent=False)
+        self.register_buffer("_rw_idx", torch.tensor(rw, dtype=torch.int32), persistent=False)
+        self.register_buffer("_rw_blocks", torch.tensor(
+            [self.tables[t].row_block_size for t in rw], dtype=torch.int64), persistent=False)
+        for t in rw:
+            tp = self.tables[t]
+            for s in tp.shards:
+                if s.row_offset % tp.row_block_size:
+                    raise ValueError(f"table {tp.name}: row shard at {s.row_offset} is not a multiple "
+                                     f"of the block size {tp.row_block_size}")
+        # width of what each rank sends back, and where each received column goes
+        self.widths = [sum(s.col_length for _, s in routes[d]) for d in range(world_size)]
+        dest_cols = []
+        for d in range(world_size):
+            for t, s in routes[d]:
+                dest_cols.extend(range(col0[t] + s.col_offset, col0[t] + s.col_offset + s.col_length))
+        self.register_buffer("_dest_cols", torch.tensor(dest_cols, dtype=torch.int64), persistent=False)
+        self.local = None
+        if routes[rank]:
+            self.local = FusedEmbeddingBags(
+                [s.row_length for _, s in routes[rank]], [s.col_length for _, s in routes[rank]],
+                optimizer, device=device,
+                initial_weights=[table_init(seed, t, self.tables[t].num_embeddings, self.dims[t])
+                                 [s.row_offset: s.row_offset + s.row_length,
+                                  s.col_offset: s.col_offset + s.col_length]
+                                 for t, s in routes[rank]])
+        self.dp = None
+        if dp:
+            self.register_buffer("_dp_idx", torch.tensor(dp, dtype=torch.int32), persistent=False)
+            dp_cols = [c for t in dp for c in range(col0[t], col0[t + 1])]
+            self.register_buffer("_dp_cols", torch.tensor(dp_cols, dtype=torch.int64), persistent=False)
+            self.dp = FusedEmbeddingBags(
+                [self.tables[t].num_embeddings for t in dp], [self.dims[t] for t in dp], optimizer,
+                device=device, seed=seed, table_ids=dp)
+        self.last_batch_sizes: list[int] = []
+
+    # ----------------------------------------------------------------------------------------
+    def forward(self, sparse: SparseFeatures) -> torch.Tensor:
+        W, me = self.world, self.rank
+        lengths, values = sparse.lengths, sparse.values
+        T, B = lengths.shape
+        if T != self.num_tables:
+            raise ValueError(f"expected {self.num_tables} features, got {T}")
+        fb = torch.ops.fbgemm
+        all_lengths, all_values = lengths.reshape(-1), values
+        if self.rw_tables:
+            sel_l, sel_v, _ = fb.permute_2D_sparse_data(self._rw_idx, lengths, values, None, None)
+            b_l, b_v, *_ = fb.block_bucketize_sparse_features(
+                sel_l.reshape(-1), sel_v, False, False, self._rw_blocks, W, None)
+            all_lengths = torch.cat([all_lengths, b_l])
+            all_values = torch.cat([values, b_v])
+        rows = T + W * len(self.rw_tables)
+        p_l, p_v, _ = fb.permute_2D_sparse_data(self._perm, all_lengths.view(rows, B), all_values,
+                                                None, None)
+        per_feature = p_l.sum(dim=1)
+        bounds = torch.tensor([0] + self.k).cumsum(0)
+        csum = torch.cat([per_feature.new_zeros(1), per_feature.cumsum(0)])
+        vals_to = (csum[bounds[1:]] - csum[bounds[:-1]])
+        dp_l = dp_v = None
+        n_dp = 0
+        if self.dp is not None:
+            dp_l, dp_v, _ = fb.permute_2D_sparse_data(self._dp_idx, lengths, values, None, None)
+            n_dp = int(dp_v.numel())
+        counts = torch.stack([torch.full((W,), B, dtype=torch.int64), vals_to,
+                              torch.full((W,), n_dp, dtype=torch.int64)], dim=1)
+        got = exchange_counts(counts, self.group, self.stats, "input_counts")
+        bs = got[:, 0].tolist()
+        self.last_batch_sizes = bs
+        bg = sum(bs)
+        out = None
+        # --- sharded tables
+        if any(self.k):
+            k_me = self.k[me]
+            rl = all_to_all_1d(p_l.reshape(-1), [kd * B for kd in self.k], [k_me * b for b in bs],
+                               self.group, self.stats, "input_lengths")
+            rv = all_to_all_1d(p_v, vals_to.tolist(), got[:, 1].tolist(), self.group, self.stats,
+                               "input_ids")
+            if self.local is not None:
+                order = _bag_order(k_me, bs)
+                l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), rl, rv, None, None)
+                pooled = self.local(SparseFeatures(("",) * k_me, v2, l2.view(k_me, bg)))
+            else:
+                pooled = torch.zeros(bg, 0, device=values.device, requires_grad=True)
+            wd = self.widths[me]
+            wide = all_to_all_1d(pooled.reshape(-1), [b * wd for b in bs],
+                                 [B * w for w in self.widths], self.group, self.stats, "output")
+            pieces, off = [], 0
+            for w in self.widths:
+                pieces.append(wide[off: off + B * w].view(B, w))
+                off += B * w
+            wide2 = torch.cat(pieces, dim=1)
+            out = wide2.new_zeros(B, self.output_dim).index_add(1, self._dest_cols, wide2)
+        # --- replicated tables
+        if self.dp is not None:
+            k_dp = len(self.dp_tables)
+            # all-gather as an all-to-all of W copies (uneven batch sizes are fine)
+            gl = all_to_all_1d(dp_l.reshape(-1).repeat(W), [k_dp * B] * W, [k_dp * b for b in bs],
+                               self.group, self.stats, "dp_input_lengths")
+            gv = all_to_all_1d(dp_v.repeat(W), [n_dp] * W, got[:, 2].tolist(), self.group,
+                               self.stats, "dp_input_ids")
+            order = _bag_order(k_dp, bs)
+            l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), gl, gv, None, None)
+            full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))
+            mine = _OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats)
+            if out is None:
+                out = mine.new_zeros(B, self.output_dim)
+            out = out.index_add(1, self._dp_cols, mine)
+        if self.output_grad_scale != 1.0:
+            out = _GradScale.apply(out, self.output_grad_scale)
+        return out
+
+    # ----------------------------------------------------------------------------------------
+    def local_shards(self) -> list[tuple[int, object, torch.Tensor, list[torch.Tensor]]]:
+        """(table index, shard, weights view, optimizer-state views) of every shard held here."""
+        out = []
+        if self.local is not None:
+            states = self.local.split_optimizer_states()
+            for (t, s), w, st in zip(self.routes[self.rank], self.local.split_weights(),
+                                     states or [[]] * len(self.routes[self.rank])):
+                out.append((t, s, w, st))
+        return out
+
+    def embedding_bytes(self) -> int:
+        """Bytes of weights and optimizer state held by this rank's fbgemm modules."""
+        total = 0
+        for mod in (self.local, self.dp):
+            if mod is None:
+                continue
+            for name, p in list(mod.tbe.named_parameters()) + list(mod.tbe.named_buffers()):
+                if name.startswith(("weights_", "momentum")):
+                    total += p.numel() * p.element_size()
+        return total
+
+    def full_tables(self, dst: int = 0) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]] | None:
+        """Assemble every table's full weights [rows, dim] and optimizer state on rank ``dst``
+        (None elsewhere). Row-wise optimizer state of column shards: each shard keeps its own
+        (see docs/architecture.md); the assembled table takes the first column shard's."""
+        mine = [(t, s.row_offset, s.col_offset, w.detach().cpu().clone(),
+                 [x.detach().cpu().clone() for x in st])
+                for t, s, w, st in self.local_shards()]
+        gathered = [None] * self.world if self.rank == dst else None
+        dist.gather_object(mine, gathered, dst=dst, group=self.group)
+        if self.rank != dst:
+            return None
+        tables = [torch.zeros(tp.num_embeddings, tp.embedding_dim) for tp in self.tables]
+        states: list[list[torch.Tensor]] = [[] for _ in self.tables]
+        for part in gathered:
+            for t, r0, c0, w, st in sorted(part, key=lambda x: (x[0], x[1], -x[2])):
+                tables[t][r0: r0 + w.shape[0], c0: c0 + w.shape[1]] = w
+                for i, x in enumerate(st):
+                    if len(states[t]) <= i:
+                        shape = (tables[t].shape[0],) + ((tables[t].shape[1],) if x.dim() == 2 else ())
+                        states[t].append(torch.zeros(shape))
+                    if x.dim() == 2:
+                        states[t][i][r0: r0 + x.shape[0], c0: c0 + x.shape[1]] = x
+                    else:
+                        states[t][i][r0: r0 + x.shape[0]] = x
+        if self.dp is not None:
+            dp_states = self.dp.split_optimizer_states() or [[] for _ in self.dp_tables]
+            for t, w, st in zip(self.dp_tables, self.dp.split_weights(), dp_states):
+                tables[t] = w.detach().cpu().clone()
+                states[t] = [x.detach().cpu().clone() for x in st]
+        return tables, states

@@ -1,0 +1,79 @@
+"""Start training workers with torch.distributed.elastic, or run as a rank torchrun started.
+
+``launch(fn, args, cfg)`` returns {rank: fn's return value} for this host's workers. A worker's
+exception fails the whole group, and the error raised here carries that worker's traceback.
+Collectives time out after ``train.collective_timeout_s``: a hang ends in an error, not a stall.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from recscale.train.config import TrainConfig
+
+
+def in_torchrun() -> bool:
+    """True when this process is already one rank of a group (torchrun / an elastic agent)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launch(fn: Callable[..., Any], args: tuple, cfg: TrainConfig) -> dict[int, Any]:
+    if in_torchrun():
+        return {int(os.environ["RANK"]): fn(*args)}
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    lc = LaunchConfig(
+        min_nodes=cfg.nnodes,
+        max_nodes=cfg.nnodes,
+        nproc_per_node=cfg.world_size // cfg.nnodes,
+        run_id=f"recscale-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=cfg.rdzv_endpoint,
+        max_restarts=cfg.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # error files let a worker's traceback reach the exception raised here
+        logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="recscale-elastic-")),
+    )
+    return elastic_launch(lc, fn)(*args)
+
+
+@dataclass
+class WorkerContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    sparse_group: Any  # process group for the embedding collectives (DDP uses the default one)
+
+
+def init_worker(cfg: TrainConfig) -> WorkerContext:
+    """Join the process group the launcher prepared (env://) and pick device and backend."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if use_cuda else "gloo"
+    timeout = timedelta(seconds=cfg.collective_timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+    sparse_group = dist.new_group(backend=backend, timeout=timeout)
+    return WorkerContext(
+        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+        device=device, backend=backend, sparse_group=sparse_group,
+    )

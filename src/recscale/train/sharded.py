@@ -1,0 +1,241 @@
+"""Hybrid-parallel DLRM training: embeddings model-parallel as the plan says, dense layers under
+DistributedDataParallel, one process per rank (gloo on CPU, NCCL on GPU).
+
+Each rank reads its own contiguous share of the train rows; the global batch is the per-rank batch
+x world size. Ranks stay in lockstep: every rank runs the same number of steps per epoch (the
+largest share decides), a rank whose rows ran out contributes an empty batch, so no row is dropped
+and no rank waits forever in a collective.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from recscale.comm.collectives import CommStats
+from recscale.config import parse
+from recscale.data.batch import Batch
+from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
+from recscale.data.loader import LoaderConfig, empty_columns, make_loader, rank_row_counts, to_batch
+from recscale.embedding.sharded import ShardedEmbeddingCollection
+from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
+from recscale.sharding import ShardingPlan
+from recscale.train.config import TrainConfig
+from recscale.train.launch import WorkerContext, init_worker
+from recscale.train.loop import NonFiniteLossError, make_dense_optimizer, set_threads
+
+
+def _counting_allreduce_hook(stats: CommStats):
+    """DDP's own all-reduce hook, with the bytes each bucket hands to all-reduce counted."""
+
+    def hook(process_group, bucket):
+        buf = bucket.buffer()
+        stats.add("dense_allreduce", buf.numel() * buf.element_size(), 0.0)
+        return default_hooks.allreduce_hook(process_group, bucket)
+
+    return hook
+
+
+def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
+                        train_cfg: TrainConfig, stats: CommStats,
+                        feature_names=SPARSE_NAMES, num_dense: int = NUM_DENSE) -> DLRM:
+    emb = ShardedEmbeddingCollection(
+        plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size, seed=train_cfg.seed,
+        group=ctx.sparse_group, device=ctx.device, stats=stats,
+        output_grad_scale=1.0 / ctx.world_size,
+    )
+    return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
+                      ctx, stats)
+
+
+def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats) -> DLRM:
+    model.dense_arch.to(ctx.device)
+    ddp = DDP(model.dense_arch, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    ddp.register_comm_hook(None, _counting_allreduce_hook(stats))
+    model.dense_arch = ddp
+    return model
+
+
+class ShardedStep:
+    """One step on this rank's part of the global batch. Each rank's loss is W x (its share of
+    the global-mean BCE), which with DDP's averaging and the embeddings' 1/W gradient scale gives
+    exactly the gradients of the single-process mean loss over the global batch."""
+
+    def __init__(self, model: DLRM, opt: torch.optim.Optimizer, world: int):
+        self.model, self.opt, self.world = model, opt, world
+        self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+
+    def __call__(self, batch: Batch) -> tuple[float, int]:
+        logits = self.model(batch.dense, batch.sparse)
+        global_batch = sum(self.model.embeddings.last_batch_sizes)
+        loss_sum = self.loss_fn(logits, batch.labels)
+        self.opt.zero_grad(set_to_none=True)
+        (loss_sum * (self.world / global_batch)).backward()
+        self.opt.step()
+        return float(loss_sum.detach()), global_batch
+
+
+@dataclass
+class RankResult:
+    rank: int
+    steps: int = 0
+    samples: int = 0  # this rank's
+    global_samples: int = 0
+    step_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    bytes_per_step: dict[str, float] = field(default_factory=dict)
+    embedding_bytes: int = 0
+    planned_bytes: float = 0.0
+    history: dict[str, list[dict]] = field(default_factory=dict)
+    final_loss: float = float("nan")
+    state_path: str | None = None
+
+
+def _empty_batch() -> Batch:
+    return to_batch(empty_columns())
+
+
+def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                  plan: ShardingPlan, out_dir: str) -> dict[str, Any]:
+    set_threads(train_cfg.num_threads, ctx.local_world_size)
+    stats = CommStats()
+    model = build_sharded_model(ctx, plan, model_cfg, train_cfg, stats)
+    opt = make_dense_optimizer(model.dense_parameters(), train_cfg.dense_optimizer)
+    step_fn = ShardedStep(model, opt, ctx.world_size)
+    files = manifest["splits"]["train"]["files"]
+    shares = rank_row_counts(files, ctx.world_size)
+    steps_per_epoch = max(math.ceil(c / train_cfg.batch_size) for c in shares)
+    loader_cfg = LoaderConfig(batch_size=train_cfg.batch_size, rank=ctx.rank,
+                              world_size=ctx.world_size, reader_workers=train_cfg.reader_workers,
+                              prefetch=train_cfg.prefetch, pin_memory=ctx.device.type == "cuda")
+    res = RankResult(rank=ctx.rank, embedding_bytes=model.embeddings.embedding_bytes())
+    tier = plan.topology.compute_tier
+    res.planned_bytes = float(plan.ranks[ctx.rank].memory(tier))
+    limit = train_cfg.max_steps
+    acc = torch.zeros(3, dtype=torch.float64)  # loss sum, rows, non-finite flag (global)
+    interval = {"loss": 0.0, "rows": 0, "t": 0.0}
+    stats.reset()
+    done = False
+    for _epoch in range(train_cfg.epochs):
+        it = iter(make_loader(files, loader_cfg))
+        for _ in range(steps_per_epoch):
+            batch = next(it, None) or _empty_batch()
+            batch = batch.to(ctx.device, non_blocking=True)
+            comm0 = stats.total_seconds
+            t0 = time.perf_counter()
+            loss_sum, global_batch = step_fn(batch)
+            acc[0], acc[1], acc[2] = loss_sum, batch.batch_size, float(not math.isfinite(loss_sum))
+            dist.all_reduce(acc)
+            dt = time.perf_counter() - t0
+            res.steps += 1
+            res.samples += batch.batch_size
+            res.global_samples += global_batch
+            res.step_seconds += dt
+            res.comm_seconds += stats.total_seconds - comm0
+            if acc[2] > 0:
+                raise NonFiniteLossError(f"loss is not finite at step {res.steps} on some rank")
+            interval["loss"] += float(acc[0])
+            interval["rows"] += int(acc[1])
+            interval["t"] += dt
+            res.final_loss = float(acc[0]) / max(int(acc[1]), 1)
+            if res.steps % train_cfg.log_every == 0:
+                _record(res, interval)
+            if limit is not None and res.steps >= limit:
+                done = True
+                break
+        if done:
+            break
+    if interval["rows"]:
+        _record(res, interval)
+    snap = stats.snapshot()
+    res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in snap.items()}
+    tables_and_states = model.embeddings.full_tables(dst=0)
+    if ctx.rank == 0:
+        res.state_path = _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, out_dir)
+    return res.__dict__
+
+
+def _record(res: RankResult, interval: dict) -> None:
+    res.history.setdefault("loss", []).append(
+        {"step": res.steps, "value": interval["loss"] / max(interval["rows"], 1)})
+    res.history.setdefault("samples_per_s", []).append(
+        {"step": res.steps, "value": interval["rows"] / max(interval["t"], 1e-12)})
+    interval.update(loss=0.0, rows=0, t=0.0)
+
+
+def unsharded_state(model: DLRM, tables_and_states, manifest: dict, model_cfg: ModelConfig,
+                    train_cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    """The state_dict a single-process DLRM of the same config would have: world-size free."""
+    tables, states = tables_and_states
+    ref = build_dlrm(model_cfg, manifest["table_sizes"], NUM_DENSE, train_cfg.embedding_optimizer,
+                     seed=train_cfg.seed)
+    with torch.no_grad():
+        for w, full in zip(ref.embeddings.split_weights(), tables):
+            w.copy_(full)
+        for st_ref, st in zip(ref.embeddings.split_optimizer_states() or [], states):
+            for a, b in zip(st_ref, st):
+                a.copy_(b.view_as(a))
+        ref.dense_arch.load_state_dict(model._dense().state_dict())
+    return ref.state_dict()
+
+
+def _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, out_dir) -> str:
+    state = unsharded_state(model, tables_and_states, manifest, model_cfg, train_cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "dlrm_state_dict.pt")
+    torch.save(state, path)
+    return path
+
+
+@record
+def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, plan_d: dict,
+                         out_dir: str) -> dict[str, Any]:
+    """Entry point of every worker process (picklable arguments only)."""
+    model_cfg = parse(ModelConfig, model_d, "model")
+    train_cfg = parse(TrainConfig, train_d, "train")
+    ctx = init_worker(train_cfg)
+    try:
+        return train_sharded(ctx, manifest, model_cfg, train_cfg, ShardingPlan.from_dict(plan_d),
+                             out_dir)
+    finally:
+        dist.destroy_process_group()
+
+
+def summarize(results: dict[int, dict]) -> dict[str, Any]:
+    """Per-rank results -> the run's metrics (rank 0's history; per-rank time split)."""
+    r0 = results[min(results)]
+    steps = r0["steps"]
+    step_s = max(r["step_seconds"] for r in results.values())
+    out = {
+        "steps": steps,
+        "samples": sum(r["samples"] for r in results.values()),
+        "step_seconds": step_s,
+        "samples_per_s": sum(r["samples"] for r in results.values()) / step_s if step_s else float("nan"),
+        "final_loss": r0["final_loss"],
+        "bytes_per_step": float(np.sum([sum(r["bytes_per_step"].values()) for r in results.values()])),
+    }
+    for rank, r in sorted(results.items()):
+        out[f"rank{rank}.step_ms"] = 1e3 * r["step_seconds"] / max(r["steps"], 1)
+        out[f"rank{rank}.comm_ms"] = 1e3 * r["comm_seconds"] / max(r["steps"], 1)
+        out[f"rank{rank}.compute_ms"] = out[f"rank{rank}.step_ms"] - out[f"rank{rank}.comm_ms"]
+        out[f"rank{rank}.bytes_sent_per_step"] = sum(r["bytes_per_step"].values())
+        out[f"rank{rank}.embedding_bytes"] = r["embedding_bytes"]
+        for k, v in r["bytes_per_step"].items():
+            out[f"rank{rank}.bytes_per_step.{k}"] = v
+    return out
+
+
+def default_out_dir() -> str:
+    return tempfile.mkdtemp(prefix="recscale-train-")

@@ -1,0 +1,123 @@
+"""2 ranks on gloo: every sharding type, alone and mixed, against a single-process run."""
+
+import numpy as np
+import pytest
+import torch
+
+from recscale.config import parse
+from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
+from recscale.model import DLRM, ModelConfig
+from recscale.train import TrainConfig, TrainStep
+from recscale.train.launch import launch
+from recscale.train.loop import make_dense_optimizer
+from tests.dist import workers as W
+
+pytestmark = pytest.mark.dist
+
+KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise",
+         "data_parallel"]
+OPTS = ["exact_sgd", "exact_rowwise_adagrad"]
+COLUMN_KINDS = ("column_wise", "table_column_wise")
+
+
+def scenarios():
+    out = []
+    for opt in OPTS:
+        for kind in KINDS:  # the table under test is t2 (64 rows); the others are table-wise
+            out.append({"name": f"{kind}/{opt}", "optimizer": opt,
+                        "kinds": ["table_wise", "table_wise", kind, "table_wise"]})
+        out.append({"name": f"mixed/{opt}", "optimizer": opt,
+                    "kinds": ["data_parallel", "row_wise", "column_wise", "table_row_wise"]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def steps():
+    return W.make_global_batches(4)
+
+
+@pytest.fixture(scope="module")
+def distributed(steps):
+    cfg = parse(TrainConfig, {"world_size": 2, "collective_timeout_s": 60}, "train")
+    results = launch(W.parity_worker, (scenarios(), steps), cfg)
+    return results[0]
+
+
+def reference(optimizer: str, steps, split_columns: tuple[int, ...] = ()):
+    """Single process, all tables in one fused module, mean loss over each global batch.
+    ``split_columns``: tables kept as two column halves with their own optimizer state (what
+    column sharding does with row-wise Adagrad), same layout and initial values."""
+    tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": optimizer, "learning_rate": 0.2},
+                               "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
+                               "seed": 3}, "train")
+    rows, dims, inits, feat = [], [], [], []
+    for t, r in enumerate(W.ROWS):
+        full = table_init(3, t, r, W.DIM)
+        parts = [(0, 4), (4, W.DIM)] if t in split_columns else [(0, W.DIM)]
+        for a, b in parts:
+            rows.append(r)
+            dims.append(b - a)
+            inits.append(full[:, a:b])
+            feat.append(t)
+    emb = FusedEmbeddingBags(rows, dims, EmbeddingOptimizerConfig(optimizer, 0.2),
+                             initial_weights=inits)
+    model = DLRM(W.NUM_DENSE, len(W.ROWS), parse(ModelConfig, W.MODEL, "model"), emb, seed=3)
+    step = TrainStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer))
+
+    def widen(g):  # repeat the features of split tables so each half gets its ids
+        batch = W.to_batch(g)
+        lengths = batch.sparse.lengths
+        off = batch.sparse.offsets()
+        b = lengths.shape[1]
+        vals = [batch.sparse.values[off[t * b]: off[(t + 1) * b]] for t in feat]
+        batch.sparse.lengths = lengths[feat]
+        batch.sparse.values = torch.cat(vals)
+        return batch
+
+    first = widen(W.concat_parts(steps[0]))
+    with torch.no_grad():
+        pooled = model.embeddings(first.sparse).numpy()
+    for parts in steps:
+        step(widen(W.concat_parts(parts)))
+    weights = model.embeddings.split_weights()
+    tables, i = [], 0
+    for t in range(len(W.ROWS)):
+        n = 2 if t in split_columns else 1
+        tables.append(torch.cat([w.detach() for w in weights[i: i + n]], dim=1).numpy())
+        i += n
+    dense = {k: v.detach().numpy() for k, v in model.dense_arch.state_dict().items()}
+    return pooled, tables, dense
+
+
+@pytest.mark.parametrize("sc", scenarios(), ids=lambda s: s["name"])
+def test_pooled_and_trained_weights_equal_the_single_process_run(distributed, steps, sc):
+    got = distributed[sc["name"]]
+    split = ()
+    if sc["optimizer"] == "exact_rowwise_adagrad":
+        # a column shard keeps its own row-wise Adagrad state (as in TorchRec): the reference
+        # keeps the same per-half state; with SGD (and elementwise Adagrad) no such caveat
+        split = tuple(t for t, k in enumerate(sc["kinds"]) if k in COLUMN_KINDS)
+    pooled, tables, dense = reference(sc["optimizer"], steps, split)
+    np.testing.assert_allclose(got["pooled"], pooled, rtol=1e-6, atol=1e-7)
+    for t, (a, b) in enumerate(zip(got["tables"], tables)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
+    assert set(got["dense"]) == set(dense)
+    for k in dense:
+        np.testing.assert_allclose(got["dense"][k], dense[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_tables_really_changed_and_bytes_were_counted(distributed, steps):
+    got = distributed["mixed/exact_sgd"]
+    init = [table_init(3, t, r, W.DIM).numpy() for t, r in enumerate(W.ROWS)]
+    assert all(not np.allclose(a, b) for a, b in zip(got["tables"], init))
+    names = set(got["bytes"])
+    assert {"input_ids", "input_lengths", "output", "output_grad", "dp_input_ids",
+            "dp_output_grad", "dense_allreduce"} <= names
+    assert all(v["bytes"] > 0 for k, v in got["bytes"].items() if k != "input_counts")
+
+
+def test_column_sharding_with_rowwise_adagrad_differs_from_the_unsharded_update(distributed, steps):
+    """Documents the one known deviation: per-shard row state (see docs/architecture.md)."""
+    got = distributed["column_wise/exact_rowwise_adagrad"]
+    _, tables, _ = reference("exact_rowwise_adagrad", steps)
+    assert not np.allclose(got["tables"][2], tables[2], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,147 @@
+"""Worker functions run on 2 gloo ranks by tests/dist (importable, so spawn can start them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from recscale.comm.collectives import CommStats
+from recscale.config import parse
+from recscale.data.batch import Batch, SparseFeatures
+from recscale.model import ModelConfig
+from recscale.sharding import ShardingPlan, ShardSpec, TableSpec, Topology, plan_sharding
+from recscale.train import TrainConfig
+from recscale.train.launch import init_worker
+from recscale.train.loop import make_dense_optimizer
+from recscale.train.sharded import ShardedStep, build_sharded_model
+
+ROWS = (40, 25, 64, 33)
+DIM = 8
+NUM_DENSE = 5
+FEATURES = tuple(f"f{i}" for i in range(len(ROWS)))
+MODEL = {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]}
+
+
+def make_global_batches(n: int, sizes=(7, 10), seed: int = 0) -> list[list[dict]]:
+    """n steps; per step one part per rank (uneven sizes), as plain numpy dicts."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for _ in range(n):
+        parts = []
+        for b in sizes:
+            lengths = rng.integers(0, 4, size=(len(ROWS), b))
+            values = np.concatenate([rng.integers(0, r, size=int(lengths[t].sum()))
+                                     for t, r in enumerate(ROWS)])
+            parts.append({"dense": rng.normal(size=(b, NUM_DENSE)).astype(np.float32),
+                          "lengths": lengths, "values": values,
+                          "labels": rng.integers(0, 2, b).astype(np.float32)})
+        steps.append(parts)
+    return steps
+
+
+def to_batch(part: dict) -> Batch:
+    b = part["dense"].shape[0]
+    return Batch(torch.from_numpy(part["dense"]),
+                 SparseFeatures(FEATURES, torch.from_numpy(part["values"]).long(),
+                                torch.from_numpy(part["lengths"]).long()),
+                 torch.from_numpy(part["labels"]), torch.arange(b))
+
+
+def concat_parts(parts: list[dict]) -> dict:
+    """The global batch a single process sees: ranks' samples in rank order."""
+    lengths = np.concatenate([p["lengths"] for p in parts], axis=1)
+    values = []
+    for t in range(len(ROWS)):
+        for p in parts:
+            off = np.concatenate([[0], np.cumsum(p["lengths"].reshape(-1))])
+            b = p["lengths"].shape[1]
+            values.append(p["values"][off[t * b]: off[(t + 1) * b]])
+    return {"dense": np.concatenate([p["dense"] for p in parts]), "lengths": lengths,
+            "values": np.concatenate(values), "labels": np.concatenate([p["labels"] for p in parts])}
+
+
+def shard(rank, r0, rl, c0, cl) -> ShardSpec:
+    return ShardSpec(rank=rank, row_offset=r0, row_length=rl, col_offset=c0, col_length=cl,
+                     tier="ddr", cache_fraction=0.0, compute_cost=0.0, comms_cost=0.0,
+                     storage_bytes=0.0, compute_tier_bytes=0.0)
+
+
+def layout(kind: str, rows: int, home: int) -> tuple[str, tuple[ShardSpec, ...]]:
+    """Hand-made shards of one table for a 2-rank, 1-host world (deliberately uneven/swapped)."""
+    if kind == "table_wise":
+        return kind, (shard(home, 0, rows, 0, DIM),)
+    if kind in ("row_wise", "table_row_wise"):
+        block = -(-rows // 2)
+        return kind, (shard(1, 0, block, 0, DIM), shard(0, block, rows - block, 0, DIM))
+    if kind in ("column_wise", "table_column_wise"):
+        return kind, (shard(1, 0, rows, 0, 4), shard(0, 0, rows, 4, DIM - 4))
+    if kind == "data_parallel":
+        return kind, (shard(0, 0, rows, 0, DIM), shard(1, 0, rows, 0, DIM))
+    raise ValueError(kind)
+
+
+def make_plan(kinds: list[str]) -> ShardingPlan:
+    base = plan_sharding([TableSpec(f"t{i}", r, DIM, feature_names=(f,))
+                          for i, (r, f) in enumerate(zip(ROWS, FEATURES))],
+                         Topology.preset("cpu-local", world_size=2), 16)
+    tables = []
+    for i, (tp, kind) in enumerate(zip(base.tables, kinds)):
+        st, shards = layout(kind, tp.num_embeddings, home=i % 2)
+        tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
+    return dataclasses.replace(base, tables=tuple(tables))
+
+
+def parity_worker(scenarios: list[dict], steps: list[list[dict]]) -> dict:
+    """For each scenario (kinds per table, embedding optimizer): the pooled output of the first
+    batch and, after training on every step, the full tables and dense weights (rank 0)."""
+    import torch.distributed as dist
+
+    out = {}
+    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 60}, "train"))
+    try:
+        for sc in scenarios:
+            tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": sc["optimizer"],
+                                                               "learning_rate": 0.2},
+                                       "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
+                                       "seed": 3}, "train")
+            stats = CommStats()
+            model = build_sharded_model(ctx, make_plan(sc["kinds"]), parse(ModelConfig, MODEL, "model"),
+                                        tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
+            first = to_batch(steps[0][ctx.rank])
+            with torch.no_grad():
+                pooled = model.embeddings(first.sparse)
+            gathered = [None] * ctx.world_size
+            dist.all_gather_object(gathered, pooled.numpy())
+            step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
+                                                           tcfg.dense_optimizer), ctx.world_size)
+            for parts in steps:
+                step(to_batch(parts[ctx.rank]))
+            tables = model.embeddings.full_tables(dst=0)
+            if ctx.rank == 0:
+                out[sc["name"]] = {
+                    "pooled": np.concatenate(gathered),
+                    "tables": [t.numpy() for t in tables[0]],
+                    "dense": {k: v.detach().numpy() for k, v in model._dense().state_dict().items()},
+                    "bytes": stats.snapshot(),
+                }
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def memory_worker(plan_d: dict) -> dict:
+    """Embedding bytes held after construction vs the planner's estimate for this rank."""
+    import torch.distributed as dist
+
+    ctx = init_worker(parse(TrainConfig, {}, "train"))
+    try:
+        plan = ShardingPlan.from_dict(plan_d)
+        model = build_sharded_model(ctx, plan, parse(ModelConfig, {}, "model"),
+                                    parse(TrainConfig, {}, "train"), CommStats(),
+                                    feature_names=tuple(t.feature_names[0] for t in plan.tables))
+        return {"measured": model.embeddings.embedding_bytes(),
+                "planned": plan.ranks[ctx.rank].memory(plan.topology.compute_tier)}
+    finally:
+        dist.destroy_process_group()
