@@ -13,7 +13,7 @@ from recscale.data.batch import Batch, SparseFeatures
 from recscale.model import ModelConfig
 from recscale.sharding import ShardingPlan, ShardSpec, TableSpec, Topology, plan_sharding
 from recscale.train import TrainConfig
-from recscale.train.launch import init_worker
+from recscale.train.launch import init_worker, worker_entry
 from recscale.train.loop import make_dense_optimizer
 from recscale.train.sharded import ShardedStep, build_sharded_model
 
@@ -93,6 +93,7 @@ def make_plan(kinds: list[str]) -> ShardingPlan:
     return dataclasses.replace(base, tables=tuple(tables))
 
 
+@worker_entry
 def parity_worker(scenarios: list[dict], steps: list[list[dict]]) -> dict:
     """For each scenario (kinds per table, embedding optimizer): the pooled output of the first
     batch and, after training on every step, the full tables and dense weights (rank 0)."""
@@ -131,6 +132,7 @@ def parity_worker(scenarios: list[dict], steps: list[list[dict]]) -> dict:
     return out
 
 
+@worker_entry
 def memory_worker(plan_d: dict) -> dict:
     """Embedding bytes held after construction vs the planner's estimate for this rank."""
     import torch.distributed as dist
@@ -145,3 +147,29 @@ def memory_worker(plan_d: dict) -> dict:
                 "planned": plan.ranks[ctx.rank].memory(plan.topology.compute_tier)}
     finally:
         dist.destroy_process_group()
+
+
+@worker_entry
+def failing_worker() -> None:
+    import torch.distributed as dist
+
+    ctx = init_worker(parse(TrainConfig, {}, "train"))
+    try:
+        if ctx.rank == 1:
+            raise ValueError("boom from rank 1")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@worker_entry
+def hanging_worker() -> None:
+    """Rank 1 never joins the collective; rank 0 must fail after the timeout, not hang."""
+    import time
+
+    import torch.distributed as dist
+
+    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 3}, "train"))
+    if ctx.rank == 1:
+        time.sleep(120)
+    dist.all_reduce(torch.ones(1), group=ctx.sparse_group)

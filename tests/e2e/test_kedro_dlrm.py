@@ -94,3 +94,20 @@ def test_a_bad_parameter_fails_before_training_with_the_key_named(finished_run):
     )
     assert res.returncode != 0
     assert "train.batch_size=0 is not allowed: expected a positive integer" in res.stderr + res.stdout
+
+
+def test_two_ranks_from_kedro_record_the_sharded_run(tmp_path):
+    proj = make_project_copy(tmp_path)
+    kedro(proj, "run", "--pipeline=dlrm", "--env=test", "--params=train.world_size=2")
+    runs, client = _runs(proj)
+    run = runs.iloc[0]
+    assert run["params.train.world_size"] == "2"
+    assert run["metrics.train.world_size"] == 2
+    assert run["metrics.sharding.world_size"] == 2
+    assert run["metrics.train.samples"] == run["metrics.data.rows_train"]  # no row dropped
+    for rank in (0, 1):
+        assert run[f"metrics.train.rank{rank}.comm_ms"] > 0
+        assert run[f"metrics.train.rank{rank}.compute_ms"] > 0
+        assert run[f"metrics.train.rank{rank}.bytes_sent_per_step"] > 0
+    assert run["metrics.test.auc"] > 0.6
+    assert len(client.get_metric_history(run["run_id"], "train.loss")) >= 2

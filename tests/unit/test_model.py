@@ -167,7 +167,7 @@ def test_bad_parameters_fail_in_the_node_before_any_training(monkeypatch):
     called = []
     monkeypatch.setattr(nodes, "train_dlrm", lambda *a: called.append(a))
     with pytest.raises(ConfigError, match=r"train\.batch_size=0"):
-        nodes.train_model({}, {}, {"batch_size": 0})
+        nodes.train_model({}, {}, {}, {"batch_size": 0})
     assert not called
 
 

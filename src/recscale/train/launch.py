@@ -7,7 +7,11 @@ Collectives time out after ``train.collective_timeout_s``: a hang ends in an err
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import time
+import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +27,52 @@ from recscale.train.config import TrainConfig
 def in_torchrun() -> bool:
     """True when this process is already one rank of a group (torchrun / an elastic agent)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+class WorkerFailedError(RuntimeError):
+    """A training worker raised; the message holds the first failing rank's traceback."""
+
+
+_ERROR_DIR = "RECSCALE_WORKER_ERROR_DIR"
+_COMM_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "gloo/transport",
+                "NCCL error", "ProcessGroup")
+
+
+def worker_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a worker function: an exception is written (rank, time, traceback) where the
+    launcher reads it, so the root cause is reported, not the peers' 'connection reset'."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            where = os.environ.get(_ERROR_DIR)
+            if where:
+                rank = os.environ.get("RANK", "?")
+                with open(os.path.join(where, f"rank{rank}.json"), "w") as fh:
+                    json.dump({"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}",
+                               "traceback": traceback.format_exc()}, fh)
+            raise
+
+    return wrapper
+
+
+def _root_cause(error_dir: str) -> str | None:
+    reports = []
+    for name in os.listdir(error_dir):
+        with open(os.path.join(error_dir, name)) as fh:
+            reports.append(json.load(fh))
+    if not reports:
+        return None
+    # a peer's failure makes the others fail in their next collective; the root cause is the
+    # earliest error that is not such a communication error
+    reports.sort(key=lambda r: (any(m in r["error"] for m in _COMM_ERRORS), r["time"]))
+    first = reports[0]
+    msg = f"worker rank {first['rank']} failed first: {first['error']}\n{first['traceback']}"
+    for r in reports[1:]:
+        msg += f"\n(then rank {r['rank']}: {r['error'][:300]})"
+    return msg
 
 
 def launch(fn: Callable[..., Any], args: tuple, cfg: TrainConfig) -> dict[int, Any]:
@@ -46,7 +96,23 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: TrainConfig) -> dict[int, A
         # error files let a worker's traceback reach the exception raised here
         logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="recscale-elastic-")),
     )
-    return elastic_launch(lc, fn)(*args)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    error_dir = tempfile.mkdtemp(prefix="recscale-errors-")
+    previous = os.environ.get(_ERROR_DIR)
+    os.environ[_ERROR_DIR] = error_dir  # spawned workers inherit it
+    try:
+        return elastic_launch(lc, fn)(*args)
+    except ChildFailedError as exc:
+        cause = _root_cause(error_dir)
+        if cause is None:
+            raise
+        raise WorkerFailedError(cause) from exc
+    finally:
+        if previous is None:
+            os.environ.pop(_ERROR_DIR, None)
+        else:
+            os.environ[_ERROR_DIR] = previous
 
 
 @dataclass

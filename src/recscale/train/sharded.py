@@ -33,7 +33,7 @@ from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
 from recscale.sharding import ShardingPlan
 from recscale.train.config import TrainConfig
-from recscale.train.launch import WorkerContext, init_worker
+from recscale.train.launch import WorkerContext, init_worker, worker_entry
 from recscale.train.loop import NonFiniteLossError, make_dense_optimizer, set_threads
 
 
@@ -200,17 +200,17 @@ def _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, ou
 
 
 @record
+@worker_entry
 def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, plan_d: dict,
                          out_dir: str) -> dict[str, Any]:
     """Entry point of every worker process (picklable arguments only)."""
     model_cfg = parse(ModelConfig, model_d, "model")
     train_cfg = parse(TrainConfig, train_d, "train")
     ctx = init_worker(train_cfg)
-    try:
-        return train_sharded(ctx, manifest, model_cfg, train_cfg, ShardingPlan.from_dict(plan_d),
-                             out_dir)
-    finally:
-        dist.destroy_process_group()
+    result = train_sharded(ctx, manifest, model_cfg, train_cfg, ShardingPlan.from_dict(plan_d),
+                           out_dir)
+    dist.destroy_process_group()  # on error the process just exits: the launcher cleans up
+    return result
 
 
 def summarize(results: dict[int, dict]) -> dict[str, Any]:

@@ -15,9 +15,10 @@ def parse_configs(model_params: dict, train_params: dict) -> tuple[ModelConfig, 
     return parse(ModelConfig, model_params, "model"), parse(TrainConfig, train_params, "train")
 
 
-def train_model(dataset_manifest: dict, model_params: dict, train_params: dict):
+def train_model(dataset_manifest: dict, sharding_plan: dict, model_params: dict,
+                train_params: dict):
     model_cfg, train_cfg = parse_configs(model_params, train_params)
-    out = train_dlrm(dataset_manifest, model_cfg, train_cfg)
+    out = train_dlrm(dataset_manifest, model_cfg, train_cfg, plan=sharding_plan)
     r = out.result
     from recscale.embedding import FBGEMM_VERSION
 
@@ -30,6 +31,9 @@ def train_model(dataset_manifest: dict, model_params: dict, train_params: dict):
         "dataset_manifest": dataset_manifest.get("manifest_path"),
     }
     metrics = as_metrics({
+        "world_size": train_cfg.world_size,
+        "global_batch_size": train_cfg.batch_size * train_cfg.world_size,
+        **{k: v for k, v in r.extra.items() if k != "samples_per_s"},
         "throughput_samples_per_s": r.samples_per_s, "steps": r.steps, "samples": r.samples,
         "step_seconds": r.step_seconds, "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
     })
