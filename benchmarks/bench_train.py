@@ -76,21 +76,26 @@ def make_batches(cfg, n, seed=0):
                             torch.from_numpy(lengths))
         out.append(Batch(torch.from_numpy(rng.normal(size=(b, 13)).astype(np.float32)), sp,
                          torch.from_numpy(rng.integers(0, 2, b).astype(np.float32)),
-                         torch.arange(b)))
+                         torch.arange(b)).to(DEVICE))
     return out
+
+
+DEVICE = "cpu"
 
 
 def ours(cfg, precision):
     mcfg = ModelConfig(embedding_dim=cfg["dim"], bottom_mlp=cfg["bottom"], top_mlp=cfg["top"],
                        dense_precision=precision)
-    model = build_dlrm(mcfg, cfg["tables"], 13, EmbeddingOptimizerConfig("exact_sgd", LR))
+    model = build_dlrm(mcfg, cfg["tables"], 13, EmbeddingOptimizerConfig("exact_sgd", LR),
+                       device=DEVICE)
     opt = make_dense_optimizer(model.dense_parameters(), DenseOptimizerConfig("sgd", LR))
     return TrainStep(model, opt)
 
 
 def baseline(cfg):
     torch.manual_seed(0)
-    model = PlainDLRM(cfg["tables"], cfg["dim"], cfg["bottom"], cfg["top"])
+    model = PlainDLRM(cfg["tables"], cfg["dim"], cfg["bottom"], cfg["top"]).to(DEVICE)
+    model.li, model.lj = model.li.to(DEVICE), model.lj.to(DEVICE)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loss_fn = nn.BCEWithLogitsLoss()
 
@@ -125,15 +130,22 @@ def mlp_flops_per_sample(cfg):
     return 2 * macs * 3  # forward + backward (grad wrt inputs and weights) = 3x forward
 
 
+def _sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
 def matmul_rate(dtype, reps=20):
-    a = torch.randn(2048, 512).to(dtype)
-    b = torch.randn(512, 512).to(dtype)
+    a = torch.randn(2048, 512).to(dtype).to(DEVICE)
+    b = torch.randn(512, 512).to(dtype).to(DEVICE)
     for _ in range(3):
         a @ b
     times = []
     for _ in range(reps):
+        _sync()
         t0 = time.perf_counter()
         a @ b
+        _sync()
         times.append(time.perf_counter() - t0)
     return 2 * 2048 * 512 * 512 / statistics.median(times)
 
@@ -170,11 +182,14 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=15, help="timed steps per repetition")
     ap.add_argument("--reps", type=int, default=5, help="repetitions (the median is reported)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--quality-rows", type=int, default=2_000_000,
                     help="rows of default synthetic data for the fp32-vs-bf16 AUC check (0: skip)")
     ap.add_argument("--out-dir", default="benchmarks/out", help="where the quality data goes")
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
     rate32, rate16 = matmul_rate(torch.float32), matmul_rate(torch.bfloat16)

@@ -223,10 +223,22 @@ class ShardedEmbeddingCollection(nn.Module):
         # --- sharded tables
         if any(self.k):
             k_me = self.k[me]
-            rl = all_to_all_1d(p_l.reshape(-1), [kd * B for kd in self.k], [k_me * b for b in bs],
-                               self.group, self.stats, "input_lengths")
-            rv = all_to_all_1d(p_v, vals_to.tolist(), got[:, 1].tolist(), self.group, self.stats,
-                               "input_ids")
+            # lengths and ids of each destination travel together in one all-to-all
+            send_l = [kd * B for kd in self.k]
+            recv_l = [k_me * b for b in bs]
+            recv_v = got[:, 1].tolist()
+            payload = torch.cat([x for d in range(W) for x in (
+                p_l.reshape(-1)[sum(send_l[:d]): sum(send_l[: d + 1])],
+                p_v[int(csum[bounds[d]]): int(csum[bounds[d + 1]])])])
+            recv = all_to_all_1d(payload, [a + int(b) for a, b in zip(send_l, vals_to)],
+                                 [a + b for a, b in zip(recv_l, recv_v)], self.group, self.stats,
+                                 "input")
+            parts, off = [], 0
+            for a, b in zip(recv_l, recv_v):
+                parts.append((recv[off: off + a], recv[off + a: off + a + b]))
+                off += a + b
+            rl = torch.cat([p[0] for p in parts])
+            rv = torch.cat([p[1] for p in parts])
             if self.local is not None:
                 order = _bag_order(k_me, bs)
                 l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), rl, rv, None, None)
@@ -245,11 +257,20 @@ class ShardedEmbeddingCollection(nn.Module):
         # --- replicated tables
         if self.dp is not None:
             k_dp = len(self.dp_tables)
-            # all-gather as an all-to-all of W copies (uneven batch sizes are fine)
-            gl = all_to_all_1d(dp_l.reshape(-1).repeat(W), [k_dp * B] * W, [k_dp * b for b in bs],
-                               self.group, self.stats, "dp_input_lengths")
-            gv = all_to_all_1d(dp_v.repeat(W), [n_dp] * W, got[:, 2].tolist(), self.group,
-                               self.stats, "dp_input_ids")
+            # all-gather (lengths and ids together) as an all-to-all of W copies: uneven batch
+            # sizes are fine
+            mine = torch.cat([dp_l.reshape(-1), dp_v])
+            recv_l = [k_dp * b for b in bs]
+            recv_v = got[:, 2].tolist()
+            recv = all_to_all_1d(mine.repeat(W), [mine.numel()] * W,
+                                 [a + b for a, b in zip(recv_l, recv_v)], self.group, self.stats,
+                                 "dp_input")
+            pieces, off = [], 0
+            for a, b in zip(recv_l, recv_v):
+                pieces.append((recv[off: off + a], recv[off + a: off + a + b]))
+                off += a + b
+            gl = torch.cat([p[0] for p in pieces])
+            gv = torch.cat([p[1] for p in pieces])
             order = _bag_order(k_dp, bs)
             l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), gl, gv, None, None)
             full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))

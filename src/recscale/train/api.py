@@ -85,7 +85,7 @@ def evaluate_dlrm(model: DLRM, manifest: dict, split: str, batch_size: int,
 def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcome:
     from recscale.config import to_dict
     from recscale.sharding import ShardingPlan
-    from recscale.train.launch import launch
+    from recscale.train.launch import in_torchrun, launch
     from recscale.train.sharded import default_out_dir, sharded_train_worker, summarize
 
     if plan is None:
@@ -99,7 +99,9 @@ def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcom
                      (manifest, to_dict(model_cfg), to_dict(train_cfg), plan_d, out_dir), train_cfg)
     summary = summarize(results)
     r0 = results.get(0)
-    if r0 is None:  # another host holds rank 0; it logs the run
+    if r0 is None:  # another host (or, under torchrun, another process) holds rank 0
+        if in_torchrun():
+            return None
         raise RuntimeError("rank 0 ran on another host: its node records the run")
     expected = count_rows(manifest["splits"]["train"]["files"]) * train_cfg.epochs
     if train_cfg.max_steps is None and summary["samples"] != expected:

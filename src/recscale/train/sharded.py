@@ -62,7 +62,9 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
 
 def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats) -> DLRM:
     model.dense_arch.to(ctx.device)
-    ddp = DDP(model.dense_arch, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    # the dense arch's only buffer is a constant index: no per-step buffer broadcast
+    ddp = DDP(model.dense_arch, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+              forward_sync_buffers=False, gradient_as_bucket_view=True)
     ddp.register_comm_hook(None, _counting_allreduce_hook(stats))
     model.dense_arch = ddp
     return model
@@ -124,8 +126,8 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
     tier = plan.topology.compute_tier
     res.planned_bytes = float(plan.ranks[ctx.rank].memory(tier))
     limit = train_cfg.max_steps
-    acc = torch.zeros(3, dtype=torch.float64)  # loss sum, rows, non-finite flag (global)
-    interval = {"loss": 0.0, "rows": 0, "t": 0.0}
+    acc = torch.zeros(2, dtype=torch.float64)  # loss sum, rows since the last log point
+    interval = {"t": 0.0}
     stats.reset()
     done = False
     for _epoch in range(train_cfg.epochs):
@@ -136,29 +138,28 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
             comm0 = stats.total_seconds
             t0 = time.perf_counter()
             loss_sum, global_batch = step_fn(batch)
-            acc[0], acc[1], acc[2] = loss_sum, batch.batch_size, float(not math.isfinite(loss_sum))
-            dist.all_reduce(acc)
             dt = time.perf_counter() - t0
             res.steps += 1
             res.samples += batch.batch_size
             res.global_samples += global_batch
             res.step_seconds += dt
             res.comm_seconds += stats.total_seconds - comm0
-            if acc[2] > 0:
-                raise NonFiniteLossError(f"loss is not finite at step {res.steps} on some rank")
-            interval["loss"] += float(acc[0])
-            interval["rows"] += int(acc[1])
+            if not math.isfinite(loss_sum):  # the peers then fail in their next collective
+                rows = batch.row_ids
+                raise NonFiniteLossError(
+                    f"loss is {loss_sum} at step {res.steps} on rank {ctx.rank}; batch rows "
+                    f"{int(rows.min())}..{int(rows.max())} ({batch.batch_size} rows)")
+            acc[0] += loss_sum
+            acc[1] += batch.batch_size
             interval["t"] += dt
-            res.final_loss = float(acc[0]) / max(int(acc[1]), 1)
             if res.steps % train_cfg.log_every == 0:
-                _record(res, interval)
+                _log_point(res, acc, interval)
             if limit is not None and res.steps >= limit:
                 done = True
                 break
         if done:
             break
-    if interval["rows"]:
-        _record(res, interval)
+    _log_point(res, acc, interval)  # every rank takes part: it is a collective
     snap = stats.snapshot()
     res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in snap.items()}
     tables_and_states = model.embeddings.full_tables(dst=0)
@@ -167,12 +168,18 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
     return res.__dict__
 
 
-def _record(res: RankResult, interval: dict) -> None:
-    res.history.setdefault("loss", []).append(
-        {"step": res.steps, "value": interval["loss"] / max(interval["rows"], 1)})
+def _log_point(res: RankResult, acc: torch.Tensor, interval: dict) -> None:
+    """Global mean loss and samples/s since the last point (one small all-reduce)."""
+    if not interval["t"]:
+        return
+    dist.all_reduce(acc)
+    loss, rows = float(acc[0]), int(acc[1])
+    res.final_loss = loss / max(rows, 1)
+    res.history.setdefault("loss", []).append({"step": res.steps, "value": res.final_loss})
     res.history.setdefault("samples_per_s", []).append(
-        {"step": res.steps, "value": interval["rows"] / max(interval["t"], 1e-12)})
-    interval.update(loss=0.0, rows=0, t=0.0)
+        {"step": res.steps, "value": rows / max(interval["t"], 1e-12)})
+    acc.zero_()
+    interval["t"] = 0.0
 
 
 def unsharded_state(model: DLRM, tables_and_states, manifest: dict, model_cfg: ModelConfig,

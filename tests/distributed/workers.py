@@ -1,4 +1,4 @@
-"""Worker functions run on 2 gloo ranks by tests/dist (importable, so spawn can start them)."""
+"""Worker functions run on 2 gloo ranks by tests/distributed (importable, so spawn can start them)."""
 
 from __future__ import annotations
 

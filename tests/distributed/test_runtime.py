@@ -13,7 +13,7 @@ from recscale.pipelines.sharding.nodes import table_specs
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
 from recscale.train.launch import WorkerFailedError, launch
-from tests.dist import workers as W
+from tests.distributed import workers as W
 
 pytestmark = pytest.mark.dist
 
