@@ -2,15 +2,14 @@
 
 import time
 
-import numpy as np
 import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from recscale.config import parse
 from recscale.model import ModelConfig
-from recscale.pipelines.sharding.nodes import table_specs
 from recscale.sharding import TableSpec, Topology, plan_sharding
+from recscale.sharding.from_data import table_specs_from_manifest as table_specs
 from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
 from recscale.train.launch import WorkerFailedError, launch
 from tests.distributed import workers as W

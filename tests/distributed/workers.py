@@ -68,27 +68,27 @@ def shard(rank, r0, rl, c0, cl) -> ShardSpec:
                      storage_bytes=0.0, compute_tier_bytes=0.0)
 
 
-def layout(kind: str, rows: int, home: int) -> tuple[str, tuple[ShardSpec, ...]]:
+def layout(kind: str, rows: int, home: int, dim: int = DIM) -> tuple[str, tuple[ShardSpec, ...]]:
     """Hand-made shards of one table for a 2-rank, 1-host world (deliberately uneven/swapped)."""
     if kind == "table_wise":
-        return kind, (shard(home, 0, rows, 0, DIM),)
+        return kind, (shard(home, 0, rows, 0, dim),)
     if kind in ("row_wise", "table_row_wise"):
         block = -(-rows // 2)
-        return kind, (shard(1, 0, block, 0, DIM), shard(0, block, rows - block, 0, DIM))
+        return kind, (shard(1, 0, block, 0, dim), shard(0, block, rows - block, 0, dim))
     if kind in ("column_wise", "table_column_wise"):
-        return kind, (shard(1, 0, rows, 0, 4), shard(0, 0, rows, 4, DIM - 4))
+        return kind, (shard(1, 0, rows, 0, 4), shard(0, 0, rows, 4, dim - 4))
     if kind == "data_parallel":
-        return kind, (shard(0, 0, rows, 0, DIM), shard(1, 0, rows, 0, DIM))
+        return kind, (shard(0, 0, rows, 0, dim), shard(1, 0, rows, 0, dim))
     raise ValueError(kind)
 
 
-def make_plan(kinds: list[str]) -> ShardingPlan:
-    base = plan_sharding([TableSpec(f"t{i}", r, DIM, feature_names=(f,))
+def make_plan(kinds: list[str], dim: int = DIM) -> ShardingPlan:
+    base = plan_sharding([TableSpec(f"t{i}", r, dim, feature_names=(f,))
                           for i, (r, f) in enumerate(zip(ROWS, FEATURES))],
                          Topology.preset("cpu-local", world_size=2), 16)
     tables = []
     for i, (tp, kind) in enumerate(zip(base.tables, kinds)):
-        st, shards = layout(kind, tp.num_embeddings, home=i % 2)
+        st, shards = layout(kind, tp.num_embeddings, home=i % 2, dim=dim)
         tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
     return dataclasses.replace(base, tables=tuple(tables))
 
@@ -173,3 +173,93 @@ def hanging_worker() -> None:
     if ctx.rank == 1:
         time.sleep(120)
     dist.all_reduce(torch.ones(1), group=ctx.sparse_group)
+
+
+@worker_entry
+def encoded_a2a_worker(pairs: list[tuple[str, str]]) -> dict:
+    """Forward values and input gradients of an encoded all-to-all vs the fp32 one."""
+    import torch.distributed as dist
+
+    from recscale.comm import encoded_all_to_all, get_codec
+
+    ctx = init_worker(parse(TrainConfig, {}, "train"))
+    out = {}
+    try:
+        cols = 48
+        send = [(3, cols), (5, cols)] if ctx.rank == 0 else [(4, cols), (2, cols)]
+        recv = [(send_of(src, ctx.rank), cols) for src in range(2)]
+        g = torch.Generator().manual_seed(10 + ctx.rank)
+        n = sum(r for r, _ in send) * cols
+        x = torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))
+        w = torch.randn(sum(r for r, _ in recv) * cols, generator=g)
+        fp32 = get_codec("fp32")
+        ref_x = x.clone().requires_grad_(True)
+        ref_y = encoded_all_to_all(ref_x, send, recv, fp32, fp32, ctx.sparse_group)
+        (ref_y * w).sum().backward()
+        for fwd, bwd in pairs:
+            xx = x.clone().requires_grad_(True)
+            scale = 1024.0 if bwd == "fp16" else 1.0
+            y = encoded_all_to_all(xx, send, recv, get_codec(fwd), get_codec(bwd),
+                                   ctx.sparse_group, backward_scale=scale)
+            (y * w).sum().backward()
+            fwd_bound = _blockwise_bound(get_codec(fwd), ref_y.detach(), recv)
+            # the gradient of x is w as the peers encoded it: bound from their w, i.e. the
+            # exact gradient (ref_x.grad), block by block
+            bwd_bound = _blockwise_bound(get_codec(bwd), ref_x.grad, send, scale)
+            out[f"{fwd}/{bwd}"] = {
+                "fwd_excess": float(((y.detach() - ref_y.detach()).abs() - fwd_bound).max()),
+                "bwd_excess": float(((xx.grad - ref_x.grad).abs() - bwd_bound).max()),
+                "bwd_err": float((xx.grad - ref_x.grad).abs().max()),
+            }
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def send_of(src: int, dst: int) -> int:
+    table = {0: [3, 5], 1: [4, 2]}
+    return table[src][dst]
+
+
+def _blockwise_bound(codec, flat, shapes, scale: float = 1.0):
+    parts, off = [], 0
+    for rows, cols in shapes:
+        block = flat[off: off + rows * cols].view(rows, cols) * scale
+        parts.append((codec.bound(block) / scale).reshape(-1))
+        off += rows * cols
+    return torch.cat(parts)
+
+
+@worker_entry
+def codec_training_worker(precisions: list[str], steps: list[list[dict]]) -> dict:
+    """Train a mixed 64-dim plan a few steps with each wire precision; losses and bytes."""
+    import torch.distributed as dist
+
+    from recscale.comm import CommsConfig
+
+    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 60}, "train"))
+    out = {}
+    dim = 64
+    model_cfg = parse(ModelConfig, {"embedding_dim": dim, "bottom_mlp": [32, dim],
+                                    "top_mlp": [32, 1]}, "model")
+    try:
+        for p in precisions:
+            comms = CommsConfig(forward=p, backward=p,
+                                dense_allreduce=p if p in ("fp32", "fp16", "bf16") else "bf16")
+            tcfg = dataclasses.replace(
+                parse(TrainConfig, {"embedding_optimizer": {"name": "exact_rowwise_adagrad",
+                                                            "learning_rate": 0.1}}, "train"),
+                comms=comms)
+            stats = CommStats()
+            model = build_sharded_model(
+                ctx, make_plan(["data_parallel", "row_wise", "table_wise", "table_wise"], dim),
+                model_cfg, tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
+            step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
+                                                           tcfg.dense_optimizer), ctx.world_size)
+            losses = [step(to_batch(parts[ctx.rank]))[0] for parts in steps]
+            params_finite = all(torch.isfinite(q).all() for q in model.dense_parameters())
+            out[p] = {"losses": losses, "finite": params_finite,
+                      "bytes": {k: v["bytes"] for k, v in stats.snapshot().items()}}
+    finally:
+        dist.destroy_process_group()
+    return out

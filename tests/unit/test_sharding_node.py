@@ -3,7 +3,8 @@
 import pytest
 
 from recscale.config import ConfigError
-from recscale.pipelines.sharding.nodes import plan_tables, table_specs
+from recscale.pipelines.sharding.nodes import plan_tables
+from recscale.sharding import table_specs_from_manifest as table_specs
 
 
 def test_table_specs_come_from_the_data(parquet_dataset):

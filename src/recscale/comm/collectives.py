@@ -96,3 +96,62 @@ def all_to_all_1d(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequ
     if x.requires_grad:
         return _AllToAll1D.apply(x, send, recv, group, stats, name)
     return _a2a(x, send, recv, group, stats, name)
+
+
+def _encoded_a2a(x, send_shapes, recv_shapes, codec, group, stats, name, scale=1.0):
+    """float32 flat ``x`` holding row blocks ``send_shapes`` -> flat float32 of ``recv_shapes``."""
+    pieces, off = [], 0
+    for rows, cols in send_shapes:
+        block = x[off: off + rows * cols].view(rows, cols)
+        off += rows * cols
+        if rows == 0:
+            continue
+        if scale != 1.0:
+            block = block * scale
+        pieces.append(codec.encode(block).reshape(-1))
+    payload = torch.cat(pieces) if pieces else x.new_zeros(0, dtype=torch.uint8)
+    send = [r * codec.row_bytes(c) for r, c in send_shapes]
+    recv = [r * codec.row_bytes(c) for r, c in recv_shapes]
+    got = _a2a(payload, send, recv, group, stats, name)
+    out, off = [], 0
+    for (rows, cols), n in zip(recv_shapes, recv):
+        if rows == 0:
+            continue
+        dec = codec.decode(got[off: off + n].view(rows, codec.row_bytes(cols)), cols)
+        off += n
+        out.append(dec.reshape(-1))
+    y = torch.cat(out) if out else x.new_zeros(0)
+    if scale != 1.0:
+        y = y / scale
+        if not torch.isfinite(y).all():
+            raise FloatingPointError(
+                f"{name}: non-finite values after {codec.name} encoding with loss scale {scale}; "
+                "lower comms.loss_scale or use bf16 for the backward direction")
+    return y
+
+
+class _EncodedAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send_shapes, recv_shapes, fwd, bwd, group, stats, name, bwd_scale):
+        ctx.args = (send_shapes, recv_shapes, bwd, group, stats, name, bwd_scale)
+        return _encoded_a2a(x, send_shapes, recv_shapes, fwd, group, stats, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_shapes, recv_shapes, bwd, group, stats, name, scale = ctx.args
+        g = _encoded_a2a(grad.contiguous(), recv_shapes, send_shapes, bwd, group, stats,
+                         name + "_grad", scale)
+        return g, None, None, None, None, None, None, None, None
+
+
+def encoded_all_to_all(x: torch.Tensor, send_shapes, recv_shapes, forward_codec, backward_codec,
+                       group=None, stats: CommStats | None = None, name: str = "output",
+                       backward_scale: float = 1.0) -> torch.Tensor:
+    """All-to-all of row blocks in a wire precision: block d of ``send_shapes`` ([rows, cols],
+    flat in ``x``) goes to rank d; returns the received blocks decoded to float32, flat. The
+    backward sends the gradients back in ``backward_codec`` (multiplied by ``backward_scale``
+    before encoding and divided after, the fp16 loss scale)."""
+    send_shapes = [(int(r), int(c)) for r, c in send_shapes]
+    recv_shapes = [(int(r), int(c)) for r, c in recv_shapes]
+    return _EncodedAllToAll.apply(x, send_shapes, recv_shapes, forward_codec, backward_codec,
+                                  group, stats, name, backward_scale)

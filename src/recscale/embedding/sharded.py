@@ -31,7 +31,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from recscale.comm.collectives import CommStats, all_to_all_1d, exchange_counts
+from recscale.comm.codecs import CommsConfig, get_codec
+from recscale.comm.collectives import (
+    CommStats,
+    _encoded_a2a,
+    all_to_all_1d,
+    encoded_all_to_all,
+    exchange_counts,
+)
 from recscale.data.batch import SparseFeatures
 from recscale.embedding.tbe import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
 from recscale.sharding import ShardingPlan
@@ -56,20 +63,18 @@ class _OwnRowsGatherGrad(torch.autograd.Function):
     gathered into the global gradient, so every replica sees the same full-batch gradient."""
 
     @staticmethod
-    def forward(ctx, full, start, batch_sizes, rank, group, stats):
-        ctx.batch_sizes, ctx.rank, ctx.group, ctx.stats, ctx.width = batch_sizes, rank, group, stats, full.shape[1]
+    def forward(ctx, full, start, batch_sizes, rank, group, stats, codec, scale):
+        ctx.args = (batch_sizes, rank, group, stats, full.shape[1], codec, scale)
         return full[start: start + batch_sizes[rank]]
 
     @staticmethod
     def backward(ctx, grad):
-        w = ctx.width
-        world = len(ctx.batch_sizes)
-        flat = grad.contiguous().reshape(-1)
-        send = [flat.numel()] * world
-        flat = flat.repeat(world)
-        recv = [b * w for b in ctx.batch_sizes]
-        g = all_to_all_1d(flat, send, recv, ctx.group, ctx.stats, "dp_output_grad")
-        return g.view(-1, w), None, None, None, None, None
+        batch_sizes, rank, group, stats, w, codec, scale = ctx.args
+        world = len(batch_sizes)
+        flat = grad.contiguous().reshape(-1).repeat(world)
+        g = _encoded_a2a(flat, [(batch_sizes[rank], w)] * world, [(b, w) for b in batch_sizes],
+                         codec, group, stats, "dp_output_grad", scale)
+        return g.view(-1, w), None, None, None, None, None, None, None
 
 
 class _GradScale(torch.autograd.Function):
@@ -102,8 +107,13 @@ class ShardedEmbeddingCollection(nn.Module):
         device: torch.device | str = "cpu",
         stats: CommStats | None = None,
         output_grad_scale: float = 1.0,
+        comms: CommsConfig | None = None,
     ):
         super().__init__()
+        self.comms = comms or CommsConfig()
+        self.fwd_codec = get_codec(self.comms.forward)
+        self.bwd_codec = get_codec(self.comms.backward)
+        self.bwd_scale = self.comms.loss_scale if self.comms.backward == "fp16" else 1.0
         # The sharded trainer makes each rank's loss W x its share of the global mean, so DDP's
         # gradient averaging gives the dense layers the global-mean gradient; the embeddings,
         # whose gradients from all ranks are summed by the transposed all-to-all, take 1/W.
@@ -246,8 +256,10 @@ class ShardedEmbeddingCollection(nn.Module):
             else:
                 pooled = torch.zeros(bg, 0, device=values.device, requires_grad=True)
             wd = self.widths[me]
-            wide = all_to_all_1d(pooled.reshape(-1), [b * wd for b in bs],
-                                 [B * w for w in self.widths], self.group, self.stats, "output")
+            wide = encoded_all_to_all(pooled.reshape(-1), [(b, wd) for b in bs],
+                                      [(B, w) for w in self.widths], self.fwd_codec,
+                                      self.bwd_codec, self.group, self.stats, "output",
+                                      self.bwd_scale)
             pieces, off = [], 0
             for w in self.widths:
                 pieces.append(wide[off: off + B * w].view(B, w))
@@ -274,7 +286,8 @@ class ShardedEmbeddingCollection(nn.Module):
             order = _bag_order(k_dp, bs)
             l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), gl, gv, None, None)
             full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))
-            mine = _OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats)
+            mine = _OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats,
+                                            self.bwd_codec, self.bwd_scale)
             if out is None:
                 out = mine.new_zeros(B, self.output_dim)
             out = out.index_add(1, self._dp_cols, mine)

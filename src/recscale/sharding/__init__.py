@@ -8,6 +8,7 @@ True
 See docs/sharding.md for the cost model, the algorithm and the topology presets.
 """
 
+from .from_data import table_specs_from_manifest
 from .plan import RankPlan, ShardingPlan, ShardSpec, TablePlan
 from .planner import plan_sharding
 from .report import format_report, save_chart
@@ -47,4 +48,5 @@ __all__ = [
     "format_report",
     "plan_sharding",
     "save_chart",
+    "table_specs_from_manifest",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from recscale.comm.codecs import CommsConfig
 from recscale.config import check, check_choice
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
 
@@ -33,6 +34,8 @@ class TrainConfig:
     seed: int = 0
     embedding_optimizer: EmbeddingOptimizerConfig = field(default_factory=EmbeddingOptimizerConfig)
     dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
+    # wire precision of the sharded runtime's collectives (the top-level `comms` parameters)
+    comms: CommsConfig = field(default_factory=CommsConfig)
     log_every: int = 20  # steps between metric-history points
     world_size: int = 1  # ranks in all; > 1 runs the sharded runtime (torch.distributed)
     nnodes: int = 1  # hosts; each starts world_size / nnodes workers

@@ -36,14 +36,21 @@ from recscale.train.config import TrainConfig
 from recscale.train.launch import WorkerContext, init_worker, worker_entry
 from recscale.train.loop import NonFiniteLossError, make_dense_optimizer, set_threads
 
+_DDP_HOOKS = {
+    "fp32": (default_hooks.allreduce_hook, 4),
+    "fp16": (default_hooks.fp16_compress_hook, 2),
+    "bf16": (default_hooks.bf16_compress_hook, 2),
+}
 
-def _counting_allreduce_hook(stats: CommStats):
-    """DDP's own all-reduce hook, with the bytes each bucket hands to all-reduce counted."""
+
+def _counting_allreduce_hook(stats: CommStats, precision: str):
+    """torch's DDP communication hook for ``precision`` (plain, fp16- or bf16-compressed
+    all-reduce), with the bytes each bucket hands to the all-reduce counted."""
+    torch_hook, wire_bytes = _DDP_HOOKS[precision]
 
     def hook(process_group, bucket):
-        buf = bucket.buffer()
-        stats.add("dense_allreduce", buf.numel() * buf.element_size(), 0.0)
-        return default_hooks.allreduce_hook(process_group, bucket)
+        stats.add("dense_allreduce", bucket.buffer().numel() * wire_bytes, 0.0)
+        return torch_hook(process_group, bucket)
 
     return hook
 
@@ -54,18 +61,18 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
     emb = ShardedEmbeddingCollection(
         plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size, seed=train_cfg.seed,
         group=ctx.sparse_group, device=ctx.device, stats=stats,
-        output_grad_scale=1.0 / ctx.world_size,
+        output_grad_scale=1.0 / ctx.world_size, comms=train_cfg.comms,
     )
     return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
-                      ctx, stats)
+                      ctx, stats, train_cfg.comms.dense_allreduce)
 
 
-def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats) -> DLRM:
+def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats, precision: str = "fp32") -> DLRM:
     model.dense_arch.to(ctx.device)
     # the dense arch's only buffer is a constant index: no per-step buffer broadcast
     ddp = DDP(model.dense_arch, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
               forward_sync_buffers=False, gradient_as_bucket_view=True)
-    ddp.register_comm_hook(None, _counting_allreduce_hook(stats))
+    ddp.register_comm_hook(None, _counting_allreduce_hook(stats, precision))
     model.dense_arch = ddp
     return model
 

@@ -6,28 +6,19 @@ import logging
 import tempfile
 from pathlib import Path
 
-from recscale.config import ConfigError
+from recscale.comm.codecs import CommsConfig
+from recscale.config import ConfigError, parse
 from recscale.pipelines.common import as_metrics
-from recscale.sharding import TableSpec, Topology, plan_sharding, save_chart
+from recscale.sharding import Topology, plan_sharding, save_chart
+from recscale.sharding.from_data import table_specs_from_manifest
 
 log = logging.getLogger(__name__)
 
 _KEYS = {"topology", "world_size", "local_world_size", "options"}
 
 
-def table_specs(dataset_manifest: dict, embedding_dim: int) -> list[TableSpec]:
-    """One table per categorical feature: rows = hashed table size, pooling measured in the data."""
-    return [
-        TableSpec(name=f"t_{f}", num_embeddings=int(rows), embedding_dim=embedding_dim,
-                  pooling_factor=max(float(pool), 1e-3), feature_names=(f,))
-        for f, rows, pool in zip(dataset_manifest["sparse_features"],
-                                 dataset_manifest["table_sizes"],
-                                 dataset_manifest["pooling_factors"])
-    ]
-
-
 def plan_tables(dataset_manifest: dict, sharding_params: dict, model_params: dict,
-                train_params: dict):
+                train_params: dict, comms_params: dict | None = None):
     unknown = sorted(set(sharding_params) - _KEYS)
     if unknown:
         raise ConfigError(f"unknown key sharding.{unknown[0]}; allowed keys under sharding: "
@@ -37,7 +28,9 @@ def plan_tables(dataset_manifest: dict, sharding_params: dict, model_params: dic
                            local_world_size=sharding_params.get("local_world_size"))
     opts = {"optimizer": train_params.get("embedding_optimizer", {}).get(
         "name", "exact_rowwise_adagrad"), **(sharding_params.get("options") or {})}
-    plan = plan_sharding(table_specs(dataset_manifest, model_params["embedding_dim"]), topo,
+    if comms_params is not None:  # the planner prices the wire precisions the run will use
+        opts["comms"] = parse(CommsConfig, comms_params, "comms").planner()
+    plan = plan_sharding(table_specs_from_manifest(dataset_manifest, model_params["embedding_dim"]), topo,
                          train_params["batch_size"], opts)
     log.info("sharding plan\n%s", plan.report())
     with tempfile.TemporaryDirectory() as tmp:

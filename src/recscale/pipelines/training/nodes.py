@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from recscale import __version__
+from recscale.comm.codecs import CommsConfig
 from recscale.config import parse, to_dict
 from recscale.model import ModelConfig
 from recscale.pipelines.common import as_metrics
 from recscale.train import TrainConfig, train_dlrm
 
 
-def parse_configs(model_params: dict, train_params: dict) -> tuple[ModelConfig, TrainConfig]:
-    return parse(ModelConfig, model_params, "model"), parse(TrainConfig, train_params, "train")
+def parse_configs(model_params: dict, train_params: dict,
+                  comms_params: dict | None = None) -> tuple[ModelConfig, TrainConfig]:
+    train_cfg = parse(TrainConfig, train_params, "train")
+    if comms_params is not None:
+        train_cfg = dataclasses.replace(train_cfg, comms=parse(CommsConfig, comms_params, "comms"))
+    return parse(ModelConfig, model_params, "model"), train_cfg
 
 
 def train_model(dataset_manifest: dict, sharding_plan: dict, model_params: dict,
-                train_params: dict):
-    model_cfg, train_cfg = parse_configs(model_params, train_params)
+                train_params: dict, comms_params: dict | None = None):
+    model_cfg, train_cfg = parse_configs(model_params, train_params, comms_params)
     out = train_dlrm(dataset_manifest, model_cfg, train_cfg, plan=sharding_plan)
     r = out.result
     from recscale.embedding import FBGEMM_VERSION
