@@ -36,6 +36,12 @@ def dataset(rows: int, out_dir: str):
         return load_manifest(pq), np.load(rep.oracle_path, mmap_mode="r")
 
 
+def _bytes(extra: dict, names) -> float:
+    """Bytes per step of the named collectives, summed over ranks."""
+    return sum(v for k, v in extra.items()
+               if ".bytes_per_step." in k and k.rsplit(".", 1)[1] in names)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2_000_000)
@@ -62,21 +68,24 @@ def main(argv=None):
         wall = time.perf_counter() - t0
         m = evaluate_dlrm(out.model, man, "test", 16384, oracle)
         ex = out.result.extra
-        emb = sum(v for k, v in ex.items() if ".bytes_per_step." in k and "dense_allreduce" not in k)
-        dense = sum(v for k, v in ex.items() if k.endswith(".bytes_per_step.dense_allreduce"))
-        rows.append({"precision": p, "dense": comms.dense_allreduce, "step_ms": 1e3 * ex["step_seconds"] / ex["steps"],
-                     "emb_bytes": emb, "dense_bytes": dense, "auc": m["auc"],
+        pooled = _bytes(ex, ("output", "output_grad", "dp_output_grad"))
+        ids = _bytes(ex, ("input", "dp_input", "input_counts"))
+        dense = _bytes(ex, ("dense_allreduce",))
+        rows.append({"precision": p, "dense": comms.dense_allreduce,
+                     "step_ms": 1e3 * ex["step_seconds"] / ex["steps"],
+                     "pooled_bytes": pooled, "ids_bytes": ids, "dense_bytes": dense, "auc": m["auc"],
                      "ne": m["normalized_entropy"], "oracle": m["oracle_auc"], "wall": wall})
         print(f"{p}: done in {wall:.0f}s, AUC {m['auc']:.4f}", flush=True)
     f = rows[0]
     print(f"\n2 ranks, global batch {2 * args.batch_size}, {man['splits']['train']['rows']:,} train rows, 1 epoch; "
           f"oracle AUC {f['oracle']:.4f}\n")
-    print("| forward/backward | dense all-reduce | step ms | embedding bytes/step | vs fp32 | dense bytes/step "
-          "| test AUC | AUC - fp32 | NE |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| forward/backward | dense all-reduce | step ms | pooled vectors + grads, bytes/step | vs fp32 "
+          "| dense all-reduce bytes/step | vs fp32 | ids bytes/step (never encoded) | test AUC | AUC - fp32 | NE |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['precision']} | {r['dense']} | {r['step_ms']:.1f} | {r['emb_bytes'] / 1e6:.2f} MB | "
-              f"{r['emb_bytes'] / f['emb_bytes']:.3f} | {r['dense_bytes'] / 1e6:.2f} MB | {r['auc']:.4f} | "
+        print(f"| {r['precision']} | {r['dense']} | {r['step_ms']:.1f} | {r['pooled_bytes'] / 1e6:.3f} MB | "
+              f"{r['pooled_bytes'] / f['pooled_bytes']:.3f} | {r['dense_bytes'] / 1e6:.2f} MB | "
+              f"{r['dense_bytes'] / f['dense_bytes']:.2f} | {r['ids_bytes'] / 1e6:.2f} MB | {r['auc']:.4f} | "
               f"{r['auc'] - f['auc']:+.4f} | {r['ne']:.4f} |")
     print(f"\ncommand: python benchmarks/bench_comms.py {' '.join(sys.argv[1:])}".rstrip())
 

@@ -40,6 +40,15 @@ def test_same_seed_same_world_size_gives_bitwise_identical_weights(parquet_datas
     assert 0.55 < m["auc"] <= 1.0
 
 
+def test_pipelined_and_plain_training_give_identical_weights(parquet_dataset, tmp_path):
+    a = _train(parquet_dataset, 2, tmp_path / "a", pipeline=True, max_steps=12)
+    b = _train(parquet_dataset, 2, tmp_path / "b", pipeline=False, max_steps=12)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a.result.steps == b.result.steps == 12
+    assert a.result.extra["bytes_per_step"] == b.result.extra["bytes_per_step"]
+
+
 def test_a_worker_exception_fails_the_run_with_its_traceback():
     cfg = parse(TrainConfig, {"world_size": 2}, "train")
     with pytest.raises(WorkerFailedError) as err:

@@ -76,6 +76,35 @@ def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group, stats, name) 
     return out
 
 
+class PendingAllToAll:
+    """An all-to-all in flight; ``wait()`` returns the received tensor (and books the time)."""
+
+    def __init__(self, out, work, stats, name, nbytes, t0):
+        self.out, self.work, self.stats, self.name = out, work, stats, name
+        self.nbytes, self.t0 = nbytes, t0
+        self.issue_s = time.perf_counter() - t0
+
+    def wait(self) -> torch.Tensor:
+        t = time.perf_counter()
+        self.work.wait()
+        if self.stats is not None:
+            self.stats.add(self.name, self.nbytes, self.issue_s + time.perf_counter() - t)
+        return self.out
+
+
+def all_to_all_1d_async(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+                        group=None, stats: CommStats | None = None,
+                        name: str = "all_to_all") -> PendingAllToAll:
+    """Like ``all_to_all_1d`` (no autograd) but returns at once; the data moves in the
+    background (gloo's own threads, or a separate CUDA stream for NCCL) until ``wait()``."""
+    send, recv = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+    out = x.new_empty(sum(recv))
+    t0 = time.perf_counter()
+    work = dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
+                                  input_split_sizes=send, group=group, async_op=True)
+    return PendingAllToAll(out, work, stats, name, _peer_bytes(x, send, dist.get_rank(group)), t0)
+
+
 class _AllToAll1D(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, send, recv, group, stats, name):

@@ -27,6 +27,7 @@ from recscale.data.criteo import (
     NUM_SPARSE,
     SPARSE_NAMES,
     CriteoBlock,
+    RejectedRowsError,
     RejectLog,
     count_lines,
     read_criteo_tsv,
@@ -54,6 +55,7 @@ class PreprocessConfig:
     chunk_bytes: int = 1 << 25
     max_reject_fraction: float = 0.01
     compression: str = "zstd"
+    workers: int = 1  # input files processed in parallel (separate processes)
 
     def validate(self, prefix: str = "preprocess") -> None:
         if self.table_sizes is not None:
@@ -70,6 +72,7 @@ class PreprocessConfig:
               self.max_reject_fraction, "a fraction in [0, 1]")
         check(self.compression in ("zstd", "snappy", "gzip", "none"), f"{prefix}.compression",
               self.compression, "one of zstd, snappy, gzip, none")
+        check(self.workers >= 1, f"{prefix}.workers", self.workers, ">= 1")
 
     def resolve_table_sizes(self, hint: Sequence[int] | None = None) -> tuple[int, ...]:
         if self.table_sizes is not None:
@@ -101,7 +104,8 @@ def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray
 class _SplitWriter:
     """Buffers rows and writes parquet row groups of exactly ``row_group_size`` (last may be short)."""
 
-    def __init__(self, path: Path, row_group_size: int, compression: str):
+    def __init__(self, path: Path, row_group_size: int, compression: str, keep_empty: bool = True):
+        self.keep_empty = keep_empty
         self.path = path
         self.row_group_size = row_group_size
         self.compression = None if compression == "none" else compression
@@ -134,11 +138,11 @@ class _SplitWriter:
     def close(self) -> None:
         if self.n_pending:
             self._flush(self.n_pending)
-        if self.writer is None:  # an empty split still gets a readable file
+        if self.writer is not None:
+            self.writer.close()
+        elif self.keep_empty:  # an empty split still gets a readable file
             self.path.parent.mkdir(parents=True, exist_ok=True)
             pq.write_table(parquet_schema().empty_table(), self.path)
-        else:
-            self.writer.close()
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,81 @@ class PreprocessReport:
         return to_dict(self)
 
 
+@dataclass
+class _FileResult:
+    index: int
+    split_files: dict  # split -> (path, rows, row_groups) or absent
+    written: int
+    rejected: int
+    by_reason: dict
+    present: np.ndarray
+    rejects_path: str
+
+
+def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, total: int,
+                     table_sizes: np.ndarray, cfg: PreprocessConfig, out: Path,
+                     progress: Callable[[int, int], None] | None = None) -> _FileResult:
+    """One input file -> its part of each split (``<split>/part-<index>.parquet``), streaming."""
+    rejects_path = out / "rejects" / f"part-{index:05d}.tsv"
+    rejects = RejectLog(path=rejects_path, total_lines=total, max_fraction=cfg.max_reject_fraction)
+    writers = {s: _SplitWriter(out / s / f"part-{index:05d}.parquet", cfg.row_group_size,
+                               cfg.compression, keep_empty=False) for s in SPLITS}
+    present = np.zeros(NUM_SPARSE, dtype=np.int64)
+    written = 0
+    try:
+        for block in read_criteo_tsv(path, rejects, cfg.chunk_bytes):
+            table = transform_block(block, offset, table_sizes)
+            rows = block.line - 1 + offset
+            present += block.sparse_present.sum(axis=0)
+            written += len(block)
+            cut = np.searchsorted(rows, bounds, side="left")
+            lo = 0
+            for split, hi in zip(SPLITS, cut):
+                writers[split].write(table.slice(lo, hi - lo))
+                lo = hi
+            if progress:
+                progress(int(rows[-1]) + 1, total)
+    finally:
+        rejects.close()
+        for w in writers.values():
+            w.close()
+    files = {s: (str(w.path), w.rows, w.row_groups) for s, w in writers.items() if w.rows}
+    return _FileResult(index, files, written, rejects.count, dict(rejects.by_reason), present,
+                       str(rejects_path) if rejects_path.exists() else "")
+
+
+def _run_jobs(jobs, cfg, line_counts, total, results, progress) -> None:
+    if cfg.workers > 1 and len(jobs) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=min(cfg.workers, len(jobs)),
+                                 mp_context=mp.get_context("spawn")) as pool:
+            futures = [pool.submit(_preprocess_file, *job) for job in jobs]
+            done_lines = 0
+            for fut in as_completed(futures):
+                res = fut.result()  # re-raises a worker's RejectedRowsError
+                results.append(res)
+                done_lines += line_counts[res.index]
+                if progress:
+                    progress(done_lines, total)
+    else:
+        for job in jobs:
+            results.append(_preprocess_file(*job, progress=progress))
+
+
+def _merge_rejects(out: Path, rejects_path: Path) -> None:
+    """The per-file rejects, in input order, into one rejects.tsv."""
+    parts = sorted((out / "rejects").glob("part-*.tsv"))
+    with open(rejects_path, "w", encoding="utf-8") as fh:
+        fh.write("file\tline\treason\ttext\n")
+        for part_path in parts:
+            with open(part_path, encoding="utf-8") as part:
+                next(part, None)
+                fh.writelines(part)
+            os.remove(part_path)
+
+
 def preprocess_criteo(
     files: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -165,76 +244,83 @@ def preprocess_criteo(
     table_size_hint: Sequence[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> PreprocessReport:
-    """Read Criteo TSV ``files`` (in time order) and write the parquet splits under ``out_dir``.
+    """Read Criteo TSV ``files`` (in time order, e.g. one per day) and write the parquet splits
+    under ``out_dir``, ``cfg.workers`` files at a time in separate processes.
 
-    Raises RejectedRowsError when more than ``cfg.max_reject_fraction`` of the lines cannot be
-    parsed; every rejected line is listed in ``out_dir/rejects.tsv`` with its reason either way.
-    ``progress(lines_done, lines_total)`` is called after each chunk.
+    Memory is bounded per worker by the chunk size, whatever the file sizes. Raises
+    RejectedRowsError when more than ``cfg.max_reject_fraction`` of the lines cannot be parsed;
+    every rejected line is listed in ``out_dir/rejects.tsv`` with its reason either way.
+    ``progress(lines_done, lines_total)`` is called as work completes.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in list(out.glob("*/part-*.parquet")) + list(out.glob("rejects/part-*.tsv")):
+        stale.unlink()  # a rerun must not mix in parts of an earlier one
     table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
     line_counts = [count_lines(f) for f in files]
     total = int(sum(line_counts))
     bounds = np.floor(np.cumsum(cfg.splits) * total + 1e-9).astype(np.int64)
     bounds[-1] = total
+    offsets = np.concatenate([[0], np.cumsum(line_counts)[:-1]]).astype(np.int64)
+    jobs = [(i, str(f), int(o), bounds, total, table_sizes, cfg, out)
+            for i, (f, o) in enumerate(zip(files, offsets))]
+    results: list[_FileResult] = []
     rejects_path = out / "rejects.tsv"
-    rejects = RejectLog(path=rejects_path, total_lines=total, max_fraction=cfg.max_reject_fraction)
-    writers = {s: _SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size, cfg.compression)
-               for s in SPLITS}
-    present = np.zeros(NUM_SPARSE, dtype=np.int64)
-    written = 0
-    offset = 0
     try:
-        for f, n_lines in zip(files, line_counts):
-            for block in read_criteo_tsv(f, rejects, cfg.chunk_bytes):
-                table = transform_block(block, offset, table_sizes)
-                rows = block.line - 1 + offset
-                present += block.sparse_present.sum(axis=0)
-                written += len(block)
-                cut = np.searchsorted(rows, bounds, side="left")
-                lo = 0
-                for split, hi in zip(SPLITS, cut):
-                    writers[split].write(table.slice(lo, hi - lo))
-                    lo = hi
-                if progress:
-                    progress(int(rows[-1]) + 1, total)
-            offset += n_lines
-        rejects.check_final(total)
-    finally:
-        rejects.close()
-        for w in writers.values():
-            w.close()
-    if not rejects_path.exists():
-        rejects_path.write_text("file\tline\treason\ttext\n")
+        _run_jobs(jobs, cfg, line_counts, total, results, progress)
+    except RejectedRowsError as exc:
+        _merge_rejects(out, rejects_path)
+        raise RejectedRowsError(f"{exc} All rejected lines so far: {rejects_path}") from None
+    _merge_rejects(out, rejects_path)
+    results.sort(key=lambda r: r.index)
+    n_rejected = sum(r.rejected for r in results)
+    by_reason: dict[str, int] = {}
+    for r in results:
+        for k, v in r.by_reason.items():
+            by_reason[k] = by_reason.get(k, 0) + v
+    written = sum(r.written for r in results)
+    if total and n_rejected > cfg.max_reject_fraction * total:
+        raise RejectedRowsError(
+            f"{n_rejected} of {total} input lines rejected (more than max_reject_fraction="
+            f"{cfg.max_reject_fraction}); see {rejects_path} for every rejected line and its reason.")
+    present = np.sum([r.present for r in results], axis=0) if results else np.zeros(NUM_SPARSE)
     pooling = (present / max(written, 1)).round(6)
-    split_rows = {s: writers[s].rows for s in SPLITS}
+    splits = {}
+    for s in SPLITS:
+        parts = [r.split_files[s] for r in results if s in r.split_files]
+        if not parts:  # an empty split still gets a readable file
+            empty = out / s / "part-empty.parquet"
+            empty.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(parquet_schema().empty_table(), empty)
+            parts = [(str(empty), 0, 0)]
+        splits[s] = {"files": [p[0] for p in parts], "rows": int(sum(p[1] for p in parts)),
+                     "row_groups": int(sum(p[2] for p in parts))}
+    split_rows = {s: splits[s]["rows"] for s in SPLITS}
     manifest = {
         "format": MANIFEST_FORMAT,
         "source_files": [str(f) for f in files],
         "lines_read": total,
         "rows_written": written,
-        "rows_rejected": rejects.count,
+        "rows_rejected": n_rejected,
         "rejects_path": str(rejects_path),
-        "splits": {
-            s: {"files": [str(writers[s].path)], "rows": writers[s].rows,
-                "row_groups": writers[s].row_groups}
-            for s in SPLITS
-        },
+        "splits": splits,
         "dense_features": list(DENSE_NAMES),
         "sparse_features": list(SPARSE_NAMES),
         "table_sizes": table_sizes.tolist(),
         "pooling_factors": pooling.tolist(),
         "config": to_dict(cfg),
     }
+    if written + n_rejected != total:
+        raise RuntimeError(f"row accounting failed: {written} written + {n_rejected} rejected "
+                           f"!= {total} lines read")
     manifest_path = out / MANIFEST_NAME
     manifest_path.write_text(json.dumps(manifest, indent=2))
     log.info("preprocessed %d lines: %d rows written (%s), %d rejected -> %s",
-             total, written, split_rows, rejects.count, rejects_path)
+             total, written, split_rows, n_rejected, rejects_path)
     return PreprocessReport(
         out_dir=str(out), manifest_path=str(manifest_path), lines_read=total,
-        rows_written=written, rows_rejected=rejects.count, rejects_path=str(rejects_path),
-        rejects_by_reason=dict(rejects.by_reason), split_rows=split_rows,
+        rows_written=written, rows_rejected=n_rejected, rejects_path=str(rejects_path),
+        rejects_by_reason=by_reason, split_rows=split_rows,
         table_sizes=tuple(table_sizes.tolist()), pooling_factors=tuple(pooling.tolist()),
     )
 

@@ -26,6 +26,7 @@ row-wise Adagrad state, which an all-reduce of per-replica updates would not rep
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,9 @@ from torch import nn
 from recscale.comm.codecs import CommsConfig, get_codec
 from recscale.comm.collectives import (
     CommStats,
+    PendingAllToAll,
     _encoded_a2a,
-    all_to_all_1d,
+    all_to_all_1d_async,
     encoded_all_to_all,
     exchange_counts,
 )
@@ -86,6 +88,21 @@ class _GradScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.scale, None
+
+
+@dataclass
+class InputDist:
+    """A batch whose input distribution has started: ids all-to-alls in flight."""
+
+    B: int
+    bs: list[int]
+    device: torch.device
+    sharded: PendingAllToAll | None = None
+    recv_l: list[int] = field(default_factory=list)
+    recv_v: list[int] = field(default_factory=list)
+    dp: PendingAllToAll | None = None
+    dp_recv_l: list[int] = field(default_factory=list)
+    dp_recv_v: list[int] = field(default_factory=list)
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -197,8 +214,16 @@ class ShardedEmbeddingCollection(nn.Module):
         self.last_batch_sizes: list[int] = []
 
     # ----------------------------------------------------------------------------------------
-    def forward(self, sparse: SparseFeatures) -> torch.Tensor:
-        W, me = self.world, self.rank
+    def forward(self, sparse: SparseFeatures | InputDist) -> torch.Tensor:
+        """Pooled embeddings [B, sum(D)] of this rank's samples. ``sparse`` may be the result of
+        an earlier ``start(...)`` (the pipelined trainer starts the next batch's input
+        distribution while the current batch computes)."""
+        pending = sparse if isinstance(sparse, InputDist) else self.start(sparse)
+        return self.finish(pending)
+
+    def start(self, sparse: SparseFeatures) -> InputDist:
+        """Input distribution up to the ids all-to-alls, which are left in flight."""
+        W = self.world
         lengths, values = sparse.lengths, sparse.values
         T, B = lengths.shape
         if T != self.num_tables:
@@ -227,34 +252,54 @@ class ShardedEmbeddingCollection(nn.Module):
                               torch.full((W,), n_dp, dtype=torch.int64)], dim=1)
         got = exchange_counts(counts, self.group, self.stats, "input_counts")
         bs = got[:, 0].tolist()
-        self.last_batch_sizes = bs
-        bg = sum(bs)
-        out = None
-        # --- sharded tables
+        pend = InputDist(B=B, bs=bs, device=values.device)
         if any(self.k):
-            k_me = self.k[me]
             # lengths and ids of each destination travel together in one all-to-all
             send_l = [kd * B for kd in self.k]
-            recv_l = [k_me * b for b in bs]
-            recv_v = got[:, 1].tolist()
+            pend.recv_l = [self.k[self.rank] * b for b in bs]
+            pend.recv_v = got[:, 1].tolist()
             payload = torch.cat([x for d in range(W) for x in (
                 p_l.reshape(-1)[sum(send_l[:d]): sum(send_l[: d + 1])],
                 p_v[int(csum[bounds[d]]): int(csum[bounds[d + 1]])])])
-            recv = all_to_all_1d(payload, [a + int(b) for a, b in zip(send_l, vals_to)],
-                                 [a + b for a, b in zip(recv_l, recv_v)], self.group, self.stats,
-                                 "input")
-            parts, off = [], 0
-            for a, b in zip(recv_l, recv_v):
-                parts.append((recv[off: off + a], recv[off + a: off + a + b]))
-                off += a + b
-            rl = torch.cat([p[0] for p in parts])
-            rv = torch.cat([p[1] for p in parts])
+            pend.sharded = all_to_all_1d_async(
+                payload, [a + int(b) for a, b in zip(send_l, vals_to)],
+                [a + b for a, b in zip(pend.recv_l, pend.recv_v)], self.group, self.stats, "input")
+        if self.dp is not None:
+            # all-gather (lengths and ids together) as an all-to-all of W copies: uneven batch
+            # sizes are fine
+            mine = torch.cat([dp_l.reshape(-1), dp_v])
+            pend.dp_recv_l = [len(self.dp_tables) * b for b in bs]
+            pend.dp_recv_v = got[:, 2].tolist()
+            pend.dp = all_to_all_1d_async(
+                mine.repeat(W), [mine.numel()] * W,
+                [a + b for a, b in zip(pend.dp_recv_l, pend.dp_recv_v)], self.group, self.stats,
+                "dp_input")
+        return pend
+
+    @staticmethod
+    def _split(recv: torch.Tensor, recv_l, recv_v) -> tuple[torch.Tensor, torch.Tensor]:
+        parts, off = [], 0
+        for a, b in zip(recv_l, recv_v):
+            parts.append((recv[off: off + a], recv[off + a: off + a + b]))
+            off += a + b
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def finish(self, pend: InputDist) -> torch.Tensor:
+        """Wait for the ids, look up, send pooled rows home, assemble."""
+        me, B, bs = self.rank, pend.B, pend.bs
+        self.last_batch_sizes = bs
+        bg = sum(bs)
+        fb = torch.ops.fbgemm
+        out = None
+        if pend.sharded is not None:
+            k_me = self.k[me]
+            rl, rv = self._split(pend.sharded.wait(), pend.recv_l, pend.recv_v)
             if self.local is not None:
                 order = _bag_order(k_me, bs)
                 l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), rl, rv, None, None)
                 pooled = self.local(SparseFeatures(("",) * k_me, v2, l2.view(k_me, bg)))
             else:
-                pooled = torch.zeros(bg, 0, device=values.device, requires_grad=True)
+                pooled = torch.zeros(bg, 0, device=pend.device, requires_grad=True)
             wd = self.widths[me]
             wide = encoded_all_to_all(pooled.reshape(-1), [(b, wd) for b in bs],
                                       [(B, w) for w in self.widths], self.fwd_codec,
@@ -266,23 +311,9 @@ class ShardedEmbeddingCollection(nn.Module):
                 off += B * w
             wide2 = torch.cat(pieces, dim=1)
             out = wide2.new_zeros(B, self.output_dim).index_add(1, self._dest_cols, wide2)
-        # --- replicated tables
-        if self.dp is not None:
+        if pend.dp is not None:
             k_dp = len(self.dp_tables)
-            # all-gather (lengths and ids together) as an all-to-all of W copies: uneven batch
-            # sizes are fine
-            mine = torch.cat([dp_l.reshape(-1), dp_v])
-            recv_l = [k_dp * b for b in bs]
-            recv_v = got[:, 2].tolist()
-            recv = all_to_all_1d(mine.repeat(W), [mine.numel()] * W,
-                                 [a + b for a, b in zip(recv_l, recv_v)], self.group, self.stats,
-                                 "dp_input")
-            pieces, off = [], 0
-            for a, b in zip(recv_l, recv_v):
-                pieces.append((recv[off: off + a], recv[off + a: off + a + b]))
-                off += a + b
-            gl = torch.cat([p[0] for p in pieces])
-            gv = torch.cat([p[1] for p in pieces])
+            gl, gv = self._split(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v)
             order = _bag_order(k_dp, bs)
             l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), gl, gv, None, None)
             full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))

@@ -36,6 +36,9 @@ class TrainConfig:
     dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
     # wire precision of the sharded runtime's collectives (the top-level `comms` parameters)
     comms: CommsConfig = field(default_factory=CommsConfig)
+    # sharded runtime: start the next batch's input distribution before the current batch's
+    # forward/backward (results are identical either way)
+    pipeline: bool = True
     log_every: int = 20  # steps between metric-history points
     world_size: int = 1  # ranks in all; > 1 runs the sharded runtime (torch.distributed)
     nnodes: int = 1  # hosts; each starts world_size / nnodes workers

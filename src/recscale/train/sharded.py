@@ -86,8 +86,9 @@ class ShardedStep:
         self.model, self.opt, self.world = model, opt, world
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
 
-    def __call__(self, batch: Batch) -> tuple[float, int]:
-        logits = self.model(batch.dense, batch.sparse)
+    def __call__(self, batch: Batch, started=None) -> tuple[float, int]:
+        """``started``: the batch's input distribution, if already started (pipelining)."""
+        logits = self.model(batch.dense, started if started is not None else batch.sparse)
         global_batch = sum(self.model.embeddings.last_batch_sizes)
         loss_sum = self.loss_fn(logits, batch.labels)
         self.opt.zero_grad(set_to_none=True)
@@ -104,6 +105,7 @@ class RankResult:
     global_samples: int = 0
     step_seconds: float = 0.0
     comm_seconds: float = 0.0
+    data_wait_seconds: float = 0.0  # time the trainer waited for the loader
     bytes_per_step: dict[str, float] = field(default_factory=dict)
     embedding_bytes: int = 0
     planned_bytes: float = 0.0
@@ -137,15 +139,28 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
     interval = {"t": 0.0}
     stats.reset()
     done = False
+    emb = model.embeddings
     for _epoch in range(train_cfg.epochs):
         it = iter(make_loader(files, loader_cfg))
-        for _ in range(steps_per_epoch):
-            batch = next(it, None) or _empty_batch()
-            batch = batch.to(ctx.device, non_blocking=True)
-            comm0 = stats.total_seconds
+
+        def fetch():
+            t = time.perf_counter()
+            b = next(it, None) or _empty_batch()
+            res.data_wait_seconds += time.perf_counter() - t
+            return b.to(ctx.device, non_blocking=True)
+
+        batch = fetch()
+        started = emb.start(batch.sparse) if train_cfg.pipeline else None
+        for i in range(steps_per_epoch):
+            comm0, wait0 = stats.total_seconds, res.data_wait_seconds
             t0 = time.perf_counter()
-            loss_sum, global_batch = step_fn(batch)
-            dt = time.perf_counter() - t0
+            nxt = nxt_started = None
+            if i + 1 < steps_per_epoch and (limit is None or res.steps + 1 < limit):
+                nxt = fetch()
+                if train_cfg.pipeline:  # ids of batch i+1 travel while batch i computes
+                    nxt_started = emb.start(nxt.sparse)
+            loss_sum, global_batch = step_fn(batch, started)
+            dt = time.perf_counter() - t0 - (res.data_wait_seconds - wait0)  # the step only
             res.steps += 1
             res.samples += batch.batch_size
             res.global_samples += global_batch
@@ -164,6 +179,7 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
             if limit is not None and res.steps >= limit:
                 done = True
                 break
+            batch, started = nxt, nxt_started
         if done:
             break
     _log_point(res, acc, interval)  # every rank takes part: it is a collective
@@ -246,6 +262,7 @@ def summarize(results: dict[int, dict]) -> dict[str, Any]:
         out[f"rank{rank}.compute_ms"] = out[f"rank{rank}.step_ms"] - out[f"rank{rank}.comm_ms"]
         out[f"rank{rank}.bytes_sent_per_step"] = sum(r["bytes_per_step"].values())
         out[f"rank{rank}.embedding_bytes"] = r["embedding_bytes"]
+        out[f"rank{rank}.data_wait_ms"] = 1e3 * r["data_wait_seconds"] / max(r["steps"], 1)
         for k, v in r["bytes_per_step"].items():
             out[f"rank{rank}.bytes_per_step.{k}"] = v
     return out

@@ -1,0 +1,83 @@
+"""Pipelined vs plain sharded training at 2 ranks on a configuration where communication matters
+(dim 128): with pipelining the next batch's input distribution (ids and lengths all-to-all) is in
+flight while the current batch computes. Same data, same plan, one run.
+
+    python benchmarks/bench_pipeline.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_sharded as bs  # noqa: E402
+from recscale.comm.collectives import CommStats  # noqa: E402
+from recscale.config import parse  # noqa: E402
+from recscale.train import TrainConfig  # noqa: E402
+from recscale.train.launch import init_worker, launch, worker_entry  # noqa: E402
+from recscale.train.loop import make_dense_optimizer  # noqa: E402
+from recscale.train.sharded import ShardedStep, build_sharded_model  # noqa: E402
+
+
+@worker_entry
+def pipeline_worker(cfg, kind, globals_, steps, reps, pipelined):
+    import torch.distributed as dist
+
+    tcfg = parse(TrainConfig, {**bs.TCFG, "world_size": 2}, "train")
+    ctx = init_worker(tcfg)
+    torch.set_num_threads(1)
+    stats = CommStats()
+    model = build_sharded_model(ctx, bs.make_plan(cfg, kind, 2), bs.model_cfg(cfg), tcfg, stats,
+                                feature_names=bs.FEATURES)
+    step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer), 2)
+    batches = [bs.part(g, ctx.rank, 2) for g in globals_]
+    emb = model.embeddings
+    times = []
+    for rep in range(reps + 1):  # the first repetition warms up
+        dist.barrier()
+        t0 = time.perf_counter()
+        started = emb.start(batches[0].sparse) if pipelined else None
+        for i in range(steps):
+            b = batches[i % len(batches)]
+            nxt = batches[(i + 1) % len(batches)]
+            nxt_started = emb.start(nxt.sparse) if pipelined and i + 1 < steps else None
+            step(b, started)
+            started = nxt_started
+        dist.barrier()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    return times
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", default="kaggle-small-d128", choices=list(bs.CONFIGS))
+    ap.add_argument("--kind", default="table_wise", choices=bs.KINDS)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+    cfg = bs.CONFIGS[args.config]
+    globals_ = bs.make_batches(cfg, 8)
+    tcfg = parse(TrainConfig, {"world_size": 2}, "train")
+    rates = {}
+    for pipelined in (False, True):
+        res = launch(pipeline_worker, (cfg, args.kind, globals_, args.steps, args.reps, pipelined), tcfg)
+        secs = [max(r[i] for r in res.values()) for i in range(args.reps)]
+        rates[pipelined] = statistics.median(args.steps * cfg["batch"] / s for s in secs)
+    print(f"{args.config}, {args.kind}, 2 ranks x 1 thread, global batch {cfg['batch']}:")
+    print("| training loop | samples/s |\n|---|---|")
+    print(f"| plain | {rates[False]:,.0f} |\n| pipelined | {rates[True]:,.0f} |")
+    print(f"\npipelined / plain = {rates[True] / rates[False]:.2f}x (goal >= 1.2x); median of "
+          f"{args.reps} x {args.steps} steps\ncommand: python benchmarks/bench_pipeline.py "
+          f"{' '.join(sys.argv[1:])}".rstrip())
+
+
+if __name__ == "__main__":
+    main()
