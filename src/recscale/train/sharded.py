@@ -143,7 +143,7 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
     for _epoch in range(train_cfg.epochs):
         it = iter(make_loader(files, loader_cfg))
 
-        def fetch():
+        def fetch(it=it):
             t = time.perf_counter()
             b = next(it, None) or _empty_batch()
             res.data_wait_seconds += time.perf_counter() - t
