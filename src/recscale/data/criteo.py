@@ -211,12 +211,15 @@ def _parse_block(buf: bytes, first_line: int, source: str, rejects: RejectLog) -
     nl = np.flatnonzero(b == 10)
     n_lines = len(nl)
     starts = np.concatenate(([0], nl[:-1] + 1))
-    # per-line counts of tabs and of bytes that cannot appear in a Criteo line
-    tabs = np.concatenate(([0], np.cumsum(b == 9)))
-    stray = (b >= 127) | ((b < 32) & (b != 9) & (b != 10))
-    strays = np.concatenate(([0], np.cumsum(stray)))
-    n_tabs = tabs[nl] - tabs[starts]
-    n_stray = strays[nl] - strays[starts]
+    # per-line counts of tabs and of bytes that cannot appear in a Criteo line (positions ->
+    # line index -> bincount: no per-byte int64 arrays, so memory stays a small multiple of the
+    # chunk)
+    def per_line(mask: np.ndarray) -> np.ndarray:
+        pos = np.flatnonzero(mask)
+        return np.bincount(np.searchsorted(nl, pos), minlength=n_lines)[:n_lines]
+
+    n_tabs = per_line(b == 9)
+    n_stray = per_line((b >= 127) | ((b < 32) & (b != 9) & (b != 10)))
     empty = nl == starts
     ok = (~empty) & (n_tabs == NUM_FIELDS - 1) & (n_stray == 0)
     lines = first_line + np.arange(n_lines, dtype=np.int64)

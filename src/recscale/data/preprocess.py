@@ -170,13 +170,16 @@ class _FileResult:
     rejected: int
     by_reason: dict
     present: np.ndarray
-    rejects_path: str
 
 
 def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, total: int,
                      table_sizes: np.ndarray, cfg: PreprocessConfig, out: Path,
                      progress: Callable[[int, int], None] | None = None) -> _FileResult:
     """One input file -> its part of each split (``<split>/part-<index>.parquet``), streaming."""
+    try:  # hand freed chunk memory back at once, so peak RSS tracks the chunk, not the file
+        pa.jemalloc_set_decay_ms(0)
+    except (NotImplementedError, pa.ArrowNotImplementedError, AttributeError):
+        pass
     rejects_path = out / "rejects" / f"part-{index:05d}.tsv"
     rejects = RejectLog(path=rejects_path, total_lines=total, max_fraction=cfg.max_reject_fraction)
     writers = {s: _SplitWriter(out / s / f"part-{index:05d}.parquet", cfg.row_group_size,
@@ -201,8 +204,7 @@ def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, tot
         for w in writers.values():
             w.close()
     files = {s: (str(w.path), w.rows, w.row_groups) for s, w in writers.items() if w.rows}
-    return _FileResult(index, files, written, rejects.count, dict(rejects.by_reason), present,
-                       str(rejects_path) if rejects_path.exists() else "")
+    return _FileResult(index, files, written, rejects.count, dict(rejects.by_reason), present)
 
 
 def _run_jobs(jobs, cfg, line_counts, total, results, progress) -> None:
