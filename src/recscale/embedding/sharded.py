@@ -37,6 +37,7 @@ from recscale.comm.collectives import (
     CommStats,
     PendingAllToAll,
     _encoded_a2a,
+    all_to_all_1d,
     all_to_all_1d_async,
     encoded_all_to_all,
     exchange_counts,
@@ -77,6 +78,71 @@ class _OwnRowsGatherGrad(torch.autograd.Function):
         g = _encoded_a2a(flat, [(batch_sizes[rank], w)] * world, [(b, w) for b in batch_sizes],
                          codec, group, stats, "dp_output_grad", scale)
         return g.view(-1, w), None, None, None, None, None, None, None
+
+
+class _ColumnShardRowwiseAdagrad(torch.autograd.Function):
+    """Lookups of this rank's column shards (sum pooling); the backward applies row-wise Adagrad
+    with the row state of the whole table: per-row sums of squared gradients of every column
+    shard are exchanged among the table's holders in one all-to-all (every rank takes part, so
+    the collective order is the same on all ranks)."""
+
+    @staticmethod
+    def forward(ctx, anchor, coll, lengths, values):
+        bg = lengths.shape[1] if lengths.dim() == 2 else 0
+        off = torch.cat([lengths.new_zeros(1), lengths.reshape(-1).cumsum(0)])
+        outs, saved = [], []
+        for j, w in enumerate(coll.cw_weights):
+            a, b = int(off[j * bg]), int(off[(j + 1) * bg])
+            ids = values[a:b]
+            bag = torch.repeat_interleave(torch.arange(bg, device=ids.device), lengths[j])
+            outs.append(torch.zeros(bg, w.shape[1], device=w.device).index_add_(0, bag, w[ids]))
+            saved.append((ids, bag))
+        ctx.coll, ctx.saved = coll, saved
+        if not outs:
+            return anchor.new_zeros(bg, 0)
+        return torch.cat(outs, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        coll = ctx.coll
+        mine = coll.routes[coll.rank]
+        widths = [w.shape[1] for w in coll.cw_weights]
+        grads = grad.split(widths, dim=1) if widths else []
+        per_table: dict[int, list] = {}
+        for j, (g, (ids, bag)) in enumerate(zip(grads, ctx.saved)):
+            t = mine[coll._cw_pos[j]][0]
+            uniq, inv = torch.unique(ids, return_inverse=True)
+            rows = torch.zeros(len(uniq), g.shape[1], device=g.device).index_add_(0, inv, g[bag])
+            per_table.setdefault(t, []).append((j, uniq, rows))
+        partial = {t: sum((r * r).sum(1) for _, _, r in lst) for t, lst in per_table.items()}
+        # exchange partial sums with the other holders of each table (same ids, same order)
+        send, send_n, recv_n = [], [], []
+        for d in range(coll.world):
+            shared = [t for t in coll.cw_tables if coll.rank in coll.cw_holders[t]
+                      and d in coll.cw_holders[t] and d != coll.rank]
+            pieces = [partial[t] for t in shared]
+            send.extend(pieces)
+            send_n.append(sum(p.numel() for p in pieces))
+            recv_n.append(send_n[-1])  # a table's holders see the same unique ids
+        flat = torch.cat(send) if send else grad.new_zeros(0)
+        got = all_to_all_1d(flat, send_n, recv_n, coll.group, coll.stats, "cw_row_state")
+        off = 0
+        for d in range(coll.world):
+            for t in coll.cw_tables:
+                if coll.rank in coll.cw_holders[t] and d in coll.cw_holders[t] and d != coll.rank:
+                    n = partial[t].numel()
+                    partial[t] = partial[t] + got[off: off + n]
+                    off += n
+        lr, eps = coll.optimizer.learning_rate, coll.optimizer.eps
+        with torch.no_grad():
+            for t, lst in per_table.items():
+                uniq = lst[0][1]
+                state = coll.cw_state[t]
+                state[uniq] += partial[t] / coll.dims[t]
+                scale = lr / (state[uniq].sqrt() + eps)
+                for j, _, rows in lst:
+                    coll.cw_weights[j][uniq] -= scale.unsqueeze(1) * rows
+        return torch.zeros_like(ctx.coll._anchor), None, None, None
 
 
 class _GradScale(torch.autograd.Function):
@@ -194,15 +260,52 @@ class ShardedEmbeddingCollection(nn.Module):
             for t, s in routes[d]:
                 dest_cols.extend(range(col0[t] + s.col_offset, col0[t] + s.col_offset + s.col_length))
         self.register_buffer("_dest_cols", torch.tensor(dest_cols, dtype=torch.int64), persistent=False)
+        # Row-wise Adagrad keeps one state per table row, over all its columns; a table split
+        # into column shards therefore needs the shards to agree on it. Those shards are updated
+        # here (not by fbgemm's fused kernel, which only sees its own columns): each shard's
+        # per-row sums of squared gradients are exchanged with the table's other shards.
+        self.optimizer = optimizer
+        self.cw_tables = []
+        if optimizer.name == "exact_rowwise_adagrad":
+            self.cw_tables = [t for t, tp in enumerate(self.tables)
+                              if tp.sharding_type in ("column_wise", "table_column_wise")
+                              and len(tp.shards) > 1]
+        self.cw_holders = {t: sorted({s.rank for s in self.tables[t].shards}) for t in self.cw_tables}
+        if self.cw_tables and optimizer.weight_decay:
+            raise ValueError("train.embedding_optimizer.weight_decay must be 0 for column-sharded "
+                             "tables under exact_rowwise_adagrad")
+        mine = routes[rank]
+        self._fused_pos = [i for i, (t, _) in enumerate(mine) if t not in self.cw_tables]
+        self._cw_pos = [i for i, (t, _) in enumerate(mine) if t in self.cw_tables]
+
+        def init(t, s):
+            return table_init(seed, t, self.tables[t].num_embeddings, self.dims[t])[
+                s.row_offset: s.row_offset + s.row_length, s.col_offset: s.col_offset + s.col_length]
+
         self.local = None
-        if routes[rank]:
+        if self._fused_pos:
             self.local = FusedEmbeddingBags(
-                [s.row_length for _, s in routes[rank]], [s.col_length for _, s in routes[rank]],
-                optimizer, device=device,
-                initial_weights=[table_init(seed, t, self.tables[t].num_embeddings, self.dims[t])
-                                 [s.row_offset: s.row_offset + s.row_length,
-                                  s.col_offset: s.col_offset + s.col_length]
-                                 for t, s in routes[rank]])
+                [mine[i][1].row_length for i in self._fused_pos],
+                [mine[i][1].col_length for i in self._fused_pos], optimizer, device=device,
+                initial_weights=[init(*mine[i]) for i in self._fused_pos])
+        self.cw_weights = [init(*mine[i]).to(device) for i in self._cw_pos]
+        self.cw_state = {t: torch.zeros(self.tables[t].num_embeddings, device=device)
+                         for t in sorted({mine[i][0] for i in self._cw_pos})}
+        self._anchor = nn.Parameter(torch.zeros(1, device=device))  # gives the CW op a grad path
+        if self._cw_pos or self.cw_tables:
+            sel = self._fused_pos + self._cw_pos
+            self.register_buffer("_local_split", torch.tensor(sel, dtype=torch.int32),
+                                 persistent=False)
+            # columns of [fused | cw] outputs back into route order
+            widths = [mine[i][1].col_length for i in sel]
+            starts = [0]
+            for w in widths:
+                starts.append(starts[-1] + w)
+            where = {pos: starts[j] for j, pos in enumerate(sel)}
+            cols = [c for i in range(len(mine))
+                    for c in range(where[i], where[i] + mine[i][1].col_length)]
+            self.register_buffer("_local_cols", torch.tensor(cols, dtype=torch.int64),
+                                 persistent=False)
         self.dp = None
         if dp:
             self.register_buffer("_dp_idx", torch.tensor(dp, dtype=torch.int32), persistent=False)
@@ -276,6 +379,26 @@ class ShardedEmbeddingCollection(nn.Module):
                 "dp_input")
         return pend
 
+    def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, bg: int,
+                device) -> torch.Tensor:
+        """Pooled rows of every local shard, [global batch, width], in route order."""
+        if not self.cw_tables:
+            if self.local is None:
+                return torch.zeros(bg, 0, device=device, requires_grad=True)
+            return self.local(SparseFeatures(("",) * lengths.shape[0], values, lengths))
+        fb = torch.ops.fbgemm
+        sl, sv, _ = fb.permute_2D_sparse_data(self._local_split, lengths, values, None, None)
+        nf = len(self._fused_pos)
+        off = torch.cat([sl.new_zeros(1), sl.reshape(-1).cumsum(0)])
+        cut = int(off[nf * bg])
+        parts = []
+        if self.local is not None:
+            parts.append(self.local(SparseFeatures(("",) * nf, sv[:cut], sl[:nf])))
+        cw_l, cw_v = sl[nf:], sv[cut:]
+        parts.append(_ColumnShardRowwiseAdagrad.apply(self._anchor, self, cw_l, cw_v))
+        both = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        return both.index_select(1, self._local_cols)
+
     @staticmethod
     def _split(recv: torch.Tensor, recv_l, recv_v) -> tuple[torch.Tensor, torch.Tensor]:
         parts, off = [], 0
@@ -294,12 +417,9 @@ class ShardedEmbeddingCollection(nn.Module):
         if pend.sharded is not None:
             k_me = self.k[me]
             rl, rv = self._split(pend.sharded.wait(), pend.recv_l, pend.recv_v)
-            if self.local is not None:
-                order = _bag_order(k_me, bs)
-                l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), rl, rv, None, None)
-                pooled = self.local(SparseFeatures(("",) * k_me, v2, l2.view(k_me, bg)))
-            else:
-                pooled = torch.zeros(bg, 0, device=pend.device, requires_grad=True)
+            order = _bag_order(k_me, bs)
+            l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), rl, rv, None, None)
+            pooled = self._lookup(l2.view(k_me, bg), v2, bg, pend.device)
             wd = self.widths[me]
             wide = encoded_all_to_all(pooled.reshape(-1), [(b, wd) for b in bs],
                                       [(B, w) for w in self.widths], self.fwd_codec,
@@ -330,16 +450,20 @@ class ShardedEmbeddingCollection(nn.Module):
     def local_shards(self) -> list[tuple[int, object, torch.Tensor, list[torch.Tensor]]]:
         """(table index, shard, weights view, optimizer-state views) of every shard held here."""
         out = []
+        mine = self.routes[self.rank]
         if self.local is not None:
-            states = self.local.split_optimizer_states()
-            for (t, s), w, st in zip(self.routes[self.rank], self.local.split_weights(),
-                                     states or [[]] * len(self.routes[self.rank])):
-                out.append((t, s, w, st))
+            states = self.local.split_optimizer_states() or [[]] * len(self._fused_pos)
+            for i, w, st in zip(self._fused_pos, self.local.split_weights(), states):
+                out.append((*mine[i], w, st))
+        for i, w in zip(self._cw_pos, self.cw_weights):
+            t = mine[i][0]
+            out.append((t, mine[i][1], w, [self.cw_state[t]]))
         return out
 
     def embedding_bytes(self) -> int:
         """Bytes of weights and optimizer state held by this rank's fbgemm modules."""
-        total = 0
+        total = sum(w.numel() * w.element_size() for w in self.cw_weights)
+        total += sum(x.numel() * x.element_size() for x in self.cw_state.values())
         for mod in (self.local, self.dp):
             if mod is None:
                 continue
