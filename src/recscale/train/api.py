@@ -112,4 +112,5 @@ def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcom
     res = TrainResult(steps=summary["steps"], samples=summary["samples"],
                       step_seconds=summary["step_seconds"], final_loss=summary["final_loss"],
                       history=r0["history"], extra=summary)
-    return TrainOutcome(model, res, tuple(manifest["table_sizes"]), train_cfg.num_threads or 0, "cpu")
+    return TrainOutcome(model, res, tuple(manifest["table_sizes"]), train_cfg.num_threads or 0,
+                        str(resolve_device(train_cfg.device)))

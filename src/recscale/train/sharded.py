@@ -262,6 +262,7 @@ def summarize(results: dict[int, dict]) -> dict[str, Any]:
         out[f"rank{rank}.compute_ms"] = out[f"rank{rank}.step_ms"] - out[f"rank{rank}.comm_ms"]
         out[f"rank{rank}.bytes_sent_per_step"] = sum(r["bytes_per_step"].values())
         out[f"rank{rank}.embedding_bytes"] = r["embedding_bytes"]
+        out[f"rank{rank}.planned_embedding_bytes"] = r["planned_bytes"]
         out[f"rank{rank}.data_wait_ms"] = 1e3 * r["data_wait_seconds"] / max(r["steps"], 1)
         for k, v in r["bytes_per_step"].items():
             out[f"rank{rank}.bytes_per_step.{k}"] = v
