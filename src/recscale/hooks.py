@@ -22,7 +22,8 @@ class RecscaleHooks:
             import mlflow
 
             if mlflow.active_run() is not None:
+                names = run_params.get("pipeline_names") or [run_params.get("pipeline_name")]
                 mlflow.set_tags({"kedro.env": run_params.get("env") or "local",
-                                 "kedro.pipeline": run_params.get("pipeline_name") or "__default__"})
+                                 "kedro.pipeline": ",".join(n for n in names if n) or "__default__"})
         except Exception:  # tracking must never break a run from a hook
             logging.getLogger(__name__).debug("could not tag the MLflow run", exc_info=True)

@@ -98,10 +98,16 @@ def test_a_bad_parameter_fails_before_training_with_the_key_named(finished_run):
 
 def test_two_ranks_from_kedro_record_the_sharded_run(tmp_path):
     proj = make_project_copy(tmp_path)
-    kedro(proj, "run", "--pipeline=dlrm", "--env=test", "--params=train.world_size=2")
+    kedro(proj, "run", "--pipeline=dlrm", "--env=test",
+          "--params=train.world_size=2,comms.forward=fp16,comms.backward=bf16,"
+          "comms.dense_allreduce=bf16")
     runs, client = _runs(proj)
     run = runs.iloc[0]
     assert run["params.train.world_size"] == "2"
+    assert (run["params.comms.forward"], run["params.comms.backward"]) == ("fp16", "bf16")
+    assert run["params.comms.dense_allreduce"] == "bf16"
+    for name in ("output", "output_grad", "dense_allreduce", "input"):
+        assert run[f"metrics.train.rank0.bytes_per_step.{name}"] > 0
     assert run["metrics.train.world_size"] == 2
     assert run["metrics.sharding.world_size"] == 2
     assert run["metrics.train.samples"] == run["metrics.data.rows_train"]  # no row dropped
