@@ -2,7 +2,7 @@
 
 from kedro.pipeline import Pipeline
 
-from recscale.pipelines import data_processing, evaluation, sharding, training
+from recscale.pipelines import data_processing, evaluation, hf, sharding, training
 
 
 def register_pipelines() -> dict[str, Pipeline]:
@@ -17,5 +17,7 @@ def register_pipelines() -> dict[str, Pipeline]:
         "training": tr,
         "evaluation": ev,
         "dlrm": dlrm,
+        "hf": hf.create_pipeline(),
+        "hf_speech": hf.create_speech_pipeline(),
         "__default__": dlrm,
     }

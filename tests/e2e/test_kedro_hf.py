@@ -1,0 +1,79 @@
+"""`kedro run --pipeline=hf --env=test` end to end, in a copy of the project (own MLflow store)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def make_project_copy(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    shutil.copytree(PROJECT_ROOT / "conf", proj / "conf",
+                    ignore=shutil.ignore_patterns("credentials*"))
+    for f in ("pyproject.toml", ".telemetry"):
+        shutil.copy(PROJECT_ROOT / f, proj / f)
+    (proj / "src").mkdir()  # kedro checks it exists; recscale itself is the installed package
+    (proj / "mlruns").mkdir()
+    for d in ("mnist", "fsdd_mfcc"):  # the shipped raw data, as a fresh clone has it
+        shutil.copytree(PROJECT_ROOT / "data" / "01_raw" / d, proj / "data" / "01_raw" / d)
+    return proj
+
+
+def kedro(proj: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true",
+               KEDRO_LOGGING_CONFIG=str(PROJECT_ROOT / "conf/base/logging.yml"))
+    cmd = [str(Path(sys.executable).parent / "kedro"), *args]
+    return subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    proj = make_project_copy(tmp_path_factory.mktemp("e2e_hf"))
+    res = kedro(proj, "run", "--pipeline=hf", "--env=test")
+    assert res.returncode == 0, f"kedro run failed:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    return proj, res
+
+
+def test_hf_pipeline_logs_histories_diagnostics_and_the_comparison_chart(finished_run):
+    import mlflow
+
+    proj, res = finished_run
+    assert "Pipeline execution completed successfully" in res.stderr + res.stdout
+    mlflow.set_tracking_uri(f"sqlite:///{proj}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["recscale"])
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    client = mlflow.MlflowClient()
+    assert run["params.hf.train.batch_size"] == "1600"
+    assert run["params.hf.optimizer.curvature"] == "gn"
+    assert run["tags.kedro.env"] == "test"
+    assert run["metrics.mnist.data.train_examples"] == 1600
+    for o in ("hf", "sgd", "adam"):
+        assert 0 <= run[f"metrics.mnist.test.{o}.error"] <= 1
+        for series in ("val_error", "train_loss", "val_error_by_centipass", "val_error_by_wall_ms"):
+            h = client.get_metric_history(run["run_id"], f"mnist.{o}.{series}")
+            assert len(h) >= 2, (o, series)
+    cg = client.get_metric_history(run["run_id"], "mnist.hf.cg_iters")
+    assert len(cg) == 4 and all(m.value >= 1 for m in cg)
+    for name in ("mnist.hf.damping", "mnist.hf.negative_curvature_events", "mnist.hf.rho"):
+        assert len(client.get_metric_history(run["run_id"], name)) == 4, name
+    assert run["metrics.mnist.target_val_error"] == run["metrics.mnist.sgd.best_val_error"]
+    assert {a.path for a in client.list_artifacts(run["run_id"], "hf")} == {
+        "hf/hf_mnist_comparison.png", "hf/hf_mnist_report.json", "hf/hf_mnist_state_dict.pt"}
+
+
+def test_a_bad_hf_parameter_fails_before_training_with_the_key_named(finished_run):
+    proj, _ = finished_run
+    res = kedro(proj, "run", "--pipeline=hf", "--env=test", "--params=hf.optimizer.solver=minres")
+    assert res.returncode != 0
+    assert "hf.optimizer.solver='minres' is not allowed: expected one of 'cg', 'bicgstab'" in \
+        res.stderr + res.stdout
+    assert "Running node: hf_train_hessian_free" not in res.stderr + res.stdout
