@@ -1,38 +1,13 @@
 """`kedro run --pipeline=dlrm --env=test` end to end, in a copy of the project (own data, own MLflow)."""
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import PROJECT_ROOT
+from tests.e2e.project import kedro, make_project_copy
 
 pytestmark = pytest.mark.e2e
-
-
-def make_project_copy(tmp_path: Path) -> Path:
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    shutil.copytree(PROJECT_ROOT / "conf", proj / "conf",
-                    ignore=shutil.ignore_patterns("credentials*"))
-    for f in ("pyproject.toml", ".telemetry"):
-        shutil.copy(PROJECT_ROOT / f, proj / f)
-    (proj / "src").mkdir()  # kedro checks it exists; recscale itself is the installed package
-    (proj / "mlruns").mkdir()
-    return proj
-
-
-def kedro(proj: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true",
-               KEDRO_LOGGING_CONFIG=str(PROJECT_ROOT / "conf/base/logging.yml"))
-    cmd = [str(Path(sys.executable).parent / "kedro"), *args]
-    res = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, f"kedro {' '.join(args)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
-    return res
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +61,8 @@ def test_dlrm_pipeline_records_params_metrics_history_and_model(finished_run):
 
 def test_a_bad_parameter_fails_before_training_with_the_key_named(finished_run):
     proj, _ = finished_run
-    env = dict(os.environ, DO_NOT_TRACK="true")
-    res = subprocess.run(
-        [str(Path(sys.executable).parent / "kedro"), "run", "--pipeline=training", "--env=test",
-         "--params=train.batch_size=0"],
-        cwd=proj, env=env, capture_output=True, text=True, timeout=300,
-    )
+    res = kedro(proj, "run", "--pipeline=training", "--env=test", "--params=train.batch_size=0",
+                check=False)
     assert res.returncode != 0
     assert "train.batch_size=0 is not allowed: expected a positive integer" in res.stderr + res.stdout
 
