@@ -121,13 +121,6 @@ class RejectLog:
                 f"See {self.path} for every rejected line and its reason."
             )
 
-    def check_final(self, lines_read: int) -> None:
-        if lines_read and self.count > self.max_fraction * lines_read:
-            raise RejectedRowsError(
-                f"{self.count} of {lines_read} input lines rejected (more than "
-                f"max_reject_fraction={self.max_fraction}); see {self.path}"
-            )
-
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
