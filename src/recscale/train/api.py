@@ -15,6 +15,7 @@ from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import LoaderConfig, count_rows, make_loader
 from recscale.evaluate.metrics import auc_score, binary_metrics
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
+from recscale.train.checkpoint import model_fingerprint
 from recscale.train.config import TrainConfig
 from recscale.train.loop import TrainResult, predict, resolve_device, set_threads, train_epochs
 
@@ -56,10 +57,14 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     steps_per_epoch = -(-rows // train_cfg.batch_size)
     result = train_epochs(
         model, None, train_cfg, make_epoch=lambda: make_loader(files, loader_cfg),
-        total_steps=steps_per_epoch * train_cfg.epochs, device=device,
+        total_steps=steps_per_epoch * train_cfg.epochs, device=device, run_id=new_run_id(),
+        fingerprint=model_fingerprint(manifest, model_cfg, train_cfg),
     )
     expected = rows * train_cfg.epochs
-    if train_cfg.max_steps is None and result.samples != expected:
+    if result.extra.get("resharded"):
+        log.warning("resumed from a checkpoint of another world size: the interrupted epoch was "
+                    "restarted, so rows of it were read again")
+    elif train_cfg.max_steps is None and result.samples != expected:
         raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
                            f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
     return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
@@ -82,6 +87,13 @@ def evaluate_dlrm(model: DLRM, manifest: dict, split: str, batch_size: int,
     return metrics
 
 
+def new_run_id() -> str:
+    import time
+    import uuid
+
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
 def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcome:
     from recscale.config import to_dict
     from recscale.sharding import ShardingPlan
@@ -95,8 +107,11 @@ def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcom
         raise ValueError(f"the sharding plan is for world_size={plan_d['topology']['world_size']}, "
                          f"train.world_size={train_cfg.world_size}: plan again for this world size")
     out_dir = out_dir or default_out_dir()
+    # one id per launch: elastic restarts of the worker group resume from its checkpoints
+    run_id = new_run_id()
     results = launch(sharded_train_worker,
-                     (manifest, to_dict(model_cfg), to_dict(train_cfg), plan_d, out_dir), train_cfg)
+                     (manifest, to_dict(model_cfg), to_dict(train_cfg), plan_d, out_dir, run_id),
+                     train_cfg)
     summary = summarize(results)
     r0 = results.get(0)
     if r0 is None:  # another host (or, under torchrun, another process) holds rank 0
@@ -104,13 +119,17 @@ def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcom
             return None
         raise RuntimeError("rank 0 ran on another host: its node records the run")
     expected = count_rows(manifest["splits"]["train"]["files"]) * train_cfg.epochs
-    if train_cfg.max_steps is None and summary["samples"] != expected:
+    if r0.get("resharded"):
+        log.warning("resumed from %s, written by another number of ranks: the interrupted epoch "
+                    "was restarted, so rows of it were read again", r0["resumed_from"])
+    elif train_cfg.max_steps is None and summary["samples"] != expected:
         raise RuntimeError(f"trained on {summary['samples']} samples but the train split holds "
                            f"{expected // train_cfg.epochs} rows x {train_cfg.epochs} epochs")
     model = build_model_for(manifest, model_cfg, train_cfg)
     model.load_state_dict(torch.load(r0["state_path"], weights_only=True))
     res = TrainResult(steps=summary["steps"], samples=summary["samples"],
                       step_seconds=summary["step_seconds"], final_loss=summary["final_loss"],
-                      history=r0["history"], extra=summary)
+                      history=r0["history"], extra=summary, checkpoints=list(r0["checkpoints"]),
+                      resumed_samples=summary.get("resumed_samples", 0))
     return TrainOutcome(model, res, tuple(manifest["table_sizes"]), train_cfg.num_threads or 0,
                         str(resolve_device(train_cfg.device)))

@@ -8,8 +8,29 @@ from typing import Literal
 from recscale.comm.codecs import CommsConfig
 from recscale.config import check, check_choice
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
+from recscale.train.checkpoint import CheckpointConfig
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+FAULT_KINDS = ("kill", "nan")
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """``train.fault_injection``: for tests and drills. ``kill``: rank ``rank`` SIGKILLs itself
+    when it reaches step ``step``; ``nan``: its batch of that step gets a NaN feature (the NaN
+    guard must stop the run). Fires only in elastic attempt ``attempt`` (0: the first start), so
+    the restarted group runs through."""
+
+    rank: int = 0
+    step: int = 1
+    kind: str = "kill"
+    attempt: int = 0
+
+    def validate(self, prefix: str = "train.fault_injection") -> None:
+        check(self.rank >= 0, f"{prefix}.rank", self.rank, ">= 0")
+        check(self.step >= 1, f"{prefix}.step", self.step, ">= 1")
+        check_choice(f"{prefix}.kind", self.kind, FAULT_KINDS)
+        check(self.attempt >= 0, f"{prefix}.attempt", self.attempt, ">= 0")
 
 
 @dataclass(frozen=True)
@@ -51,6 +72,8 @@ class TrainConfig:
     eval_batch_size: int = 16384
     progress: Literal["auto", "bar", "log", "off"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    fault_injection: FaultInjection | None = None
 
     def validate(self, prefix: str = "train") -> None:
         check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
@@ -72,3 +95,6 @@ class TrainConfig:
         check(self.eval_batch_size > 0, f"{prefix}.eval_batch_size", self.eval_batch_size, "> 0")
         check_choice(f"{prefix}.progress", self.progress, ("auto", "bar", "log", "off"))
         check_choice(f"{prefix}.device", self.device, ("auto", "cpu", "cuda"))
+        if self.fault_injection is not None:
+            check(self.fault_injection.rank < self.world_size, f"{prefix}.fault_injection.rank",
+                  self.fault_injection.rank, f"< train.world_size={self.world_size}")

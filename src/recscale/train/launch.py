@@ -136,7 +136,18 @@ def init_worker(cfg: TrainConfig) -> WorkerContext:
     backend = "nccl" if use_cuda else "gloo"
     timeout = timedelta(seconds=cfg.collective_timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # The elastic agent's store outlives a restart of the worker group; without a
+            # per-attempt prefix the restarted ranks read the dead ranks' gloo addresses
+            # ("connectFullMesh ... Connection refused").
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"recscale/attempt{attempt}", dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                timeout=timeout))
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
     sparse_group = dist.new_group(backend=backend, timeout=timeout)
     return WorkerContext(
         rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,

@@ -19,7 +19,15 @@ from torch import nn
 from recscale.data.batch import Batch
 from recscale.model.dlrm import DLRM
 from recscale.progress import Progress
+from recscale.train.checkpoint import (
+    Checkpointer,
+    LocalShard,
+    after_load,
+    dense_tensors,
+    flush_tiers,
+)
 from recscale.train.config import DenseOptimizerConfig, TrainConfig
+from recscale.train.faults import maybe_kill, maybe_poison
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +90,24 @@ class TrainResult:
     final_loss: float = float("nan")
     history: dict[str, list[dict]] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)  # e.g. per-rank time split, bytes
+    checkpoints: list[str] = field(default_factory=list)
+    resumed_samples: int = 0  # samples trained before the checkpoint this run resumed from
 
     @property
     def samples_per_s(self) -> float:
-        return self.samples / self.step_seconds if self.step_seconds > 0 else float("nan")
+        new = self.samples - self.resumed_samples
+        return new / self.step_seconds if self.step_seconds > 0 else float("nan")
 
     def record(self, name: str, step: int, value: float) -> None:
         self.history.setdefault(name, []).append({"step": int(step), "value": float(value)})
+
+
+def model_shards(model: DLRM) -> list[LocalShard]:
+    """A single-process model's tables as whole-table shards (the checkpoint's unit)."""
+    emb = model.embeddings
+    states = emb.split_optimizer_states() or [[] for _ in emb.rows]
+    return [LocalShard(t, 0, 0, w, list(st))
+            for t, (w, st) in enumerate(zip(emb.split_weights(), states))]
 
 
 def train_epochs(
@@ -98,23 +117,55 @@ def train_epochs(
     make_epoch=None,
     total_steps: int | None = None,
     device: torch.device | None = None,
+    run_id: str | None = None,
+    fingerprint: dict | None = None,
 ) -> TrainResult:
     """Train for ``cfg.epochs`` (or ``cfg.max_steps``). ``make_epoch()`` returns a fresh iterable
-    of batches for each epoch; ``total_steps`` is only for the progress display."""
+    of batches for each epoch (a torchdata Loader, for checkpoints that resume mid-epoch);
+    ``total_steps`` is only for the progress display. With ``cfg.checkpoint.dir`` and a
+    ``run_id``, checkpoints are written and, as ``cfg.checkpoint.resume`` says, resumed."""
     device = device or next(model.dense_parameters()).device
     opt = make_dense_optimizer(model.dense_parameters(), cfg.dense_optimizer)
     step_fn = TrainStep(model, opt)
     res = TrainResult()
     model.train()
     limit = cfg.max_steps
+    ckpt = None
+    start_epoch, skip, loader_state, resumed_samples = 0, 0, None, 0
+    if cfg.checkpoint.dir is not None and run_id is not None:
+        ckpt = Checkpointer(cfg.checkpoint, run_id, fingerprint=fingerprint)
+        got = ckpt.restore(model_shards(model), model._dense(), opt)
+        if got is not None:
+            path, m = got
+            after_load([model.embeddings])
+            p = m["progress"]["0"]
+            res.steps, start_epoch = int(m["step"]), int(p["epoch"])
+            res.extra["resumed"] = 1.0
+            if m["world_size"] == 1:
+                skip, loader_state = int(p["batches"]), m["loader"]["0"]
+                res.samples = resumed_samples = int(p["samples"])
+            else:
+                res.extra["resharded"] = 1.0
+                log.warning("checkpoint %s was written by %d ranks: the model is resharded into "
+                            "one process; epoch %d restarts from its first row", path,
+                            m["world_size"], start_epoch + 1)
+            log.info("resumed from %s at step %d", path, res.steps)
     total = min(total_steps or limit or 0, limit or total_steps or 0) or None
     interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0
     t_wall = time.perf_counter()
+    epoch_i, batches, epoch = start_epoch, skip, None
     with Progress(total, "training", unit="step", mode=cfg.progress) as bar:
-        for _epoch in range(cfg.epochs):
+        for epoch_i in range(start_epoch, cfg.epochs):
+            if limit is not None and res.steps >= limit:
+                break
             epoch = make_epoch() if make_epoch is not None else batches_per_epoch
+            batches = skip if epoch_i == start_epoch else 0
+            if batches and loader_state is not None:
+                epoch.load_state_dict(loader_state)
             for batch in epoch:
-                batch = batch.to(device, non_blocking=True)
+                batches += 1
+                maybe_kill(cfg, 0, res.steps + 1)
+                batch = maybe_poison(cfg, 0, res.steps + 1, batch.to(device, non_blocking=True))
                 t0 = time.perf_counter()
                 loss = step_fn(batch)
                 loss_v = float(loss)  # syncs, so the step is really over before the timer stops
@@ -122,8 +173,9 @@ def train_epochs(
                 if not math.isfinite(loss_v):
                     rows = batch.row_ids
                     raise NonFiniteLossError(
-                        f"loss is {loss_v} at step {res.steps + 1}; batch rows "
-                        f"{int(rows.min())}..{int(rows.max())} ({batch.batch_size} rows)"
+                        f"loss is {loss_v} at step {res.steps + 1}: batch {batches - 1} of epoch "
+                        f"{epoch_i + 1}, rows {int(rows.min())}..{int(rows.max())} "
+                        f"({batch.batch_size} rows); the last good checkpoint is kept"
                     )
                 res.steps += 1
                 res.samples += batch.batch_size
@@ -138,10 +190,18 @@ def train_epochs(
                     interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0
                 bar.update(res.steps, loss=f"{loss_v:.4f}")
                 res.final_loss = loss_v
+                if ckpt is not None and ckpt.due(res.steps):
+                    _save_single(ckpt, model, opt, res, epoch_i, batches, epoch)
                 if limit is not None and res.steps >= limit:
                     break
-            if limit is not None and res.steps >= limit:
-                break
+    if ckpt is not None and (not ckpt.saved or not ckpt.saved[-1].endswith(f"{res.steps:08d}")):
+        _save_single(ckpt, model, opt, res, epoch_i, batches, epoch)
+    if ckpt is not None:
+        res.extra.update(checkpoints_written=float(len(ckpt.saved)),
+                         checkpoint_failures=float(ckpt.failed_writes),
+                         checkpoint_seconds=ckpt.save_seconds)
+        res.checkpoints = list(ckpt.saved)
+    res.resumed_samples = resumed_samples
     if interval_n:
         res.record("loss", res.steps, interval_loss / interval_n)
         res.record("samples_per_s", res.steps, interval_samples / interval_t)
@@ -149,6 +209,16 @@ def train_epochs(
     log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
              res.steps, res.samples, res.samples_per_s, res.final_loss)
     return res
+
+
+def _save_single(ckpt: Checkpointer, model: DLRM, opt, res: TrainResult, epoch: int,
+                 batches: int, loader) -> None:
+    flush_tiers([model.embeddings])
+    dense, rest = dense_tensors(model._dense(), opt)
+    state = loader.state_dict() if hasattr(loader, "state_dict") else None
+    progress = {"epoch": epoch, "batches": batches, "samples": res.samples,
+                "global_samples": res.samples, "steps": res.steps}
+    ckpt.save(res.steps, model_shards(model), dense, rest, progress, state)
 
 
 @torch.no_grad()

@@ -9,6 +9,7 @@ and no rank waits forever in a collective.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -32,9 +33,20 @@ from recscale.data.loader import LoaderConfig, empty_columns, make_loader, rank_
 from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
 from recscale.sharding import ShardingPlan
+from recscale.train.checkpoint import (
+    Checkpointer,
+    LocalShard,
+    after_load,
+    dense_tensors,
+    flush_tiers,
+    model_fingerprint,
+)
 from recscale.train.config import TrainConfig
+from recscale.train.faults import maybe_kill, maybe_poison
 from recscale.train.launch import WorkerContext, init_worker, worker_entry
 from recscale.train.loop import NonFiniteLossError, make_dense_optimizer, set_threads
+
+log = logging.getLogger(__name__)
 
 _DDP_HOOKS = {
     "fp32": (default_hooks.allreduce_hook, 4),
@@ -112,14 +124,32 @@ class RankResult:
     history: dict[str, list[dict]] = field(default_factory=dict)
     final_loss: float = float("nan")
     state_path: str | None = None
+    resumed_from: str | None = None
+    resumed_samples: int = 0  # this rank's samples before the checkpoint it resumed from
+    resharded: bool = False
+    checkpoints: list[str] = field(default_factory=list)
+    checkpoint_failures: int = 0
+    checkpoint_seconds: float = 0.0
 
 
 def _empty_batch() -> Batch:
     return to_batch(empty_columns())
 
 
+def embedding_shards(emb: ShardedEmbeddingCollection, replicated: bool = True) -> list[LocalShard]:
+    """This rank's pieces of every table, for checkpoints: its shards, and (when ``replicated``)
+    the data-parallel tables, which every rank holds whole."""
+    out = [LocalShard(t, s.row_offset, s.col_offset, w, list(st))
+           for t, s, w, st in emb.local_shards()]
+    if replicated and emb.dp is not None:
+        states = emb.dp.split_optimizer_states() or [[] for _ in emb.dp_tables]
+        out += [LocalShard(t, 0, 0, w, list(st))
+                for t, w, st in zip(emb.dp_tables, emb.dp.split_weights(), states)]
+    return out
+
+
 def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                  plan: ShardingPlan, out_dir: str) -> dict[str, Any]:
+                  plan: ShardingPlan, out_dir: str, run_id: str = "run") -> dict[str, Any]:
     set_threads(train_cfg.num_threads, ctx.local_world_size)
     stats = CommStats()
     model = build_sharded_model(ctx, plan, model_cfg, train_cfg, stats)
@@ -134,29 +164,68 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
     res = RankResult(rank=ctx.rank, embedding_bytes=model.embeddings.embedding_bytes())
     tier = plan.topology.compute_tier
     res.planned_bytes = float(plan.ranks[ctx.rank].memory(tier))
+    emb = model.embeddings
+    ckpt = None
+    start_epoch, start_batch, resume_loader = 0, 0, None
+    if train_cfg.checkpoint.dir is not None:
+        ckpt = Checkpointer(train_cfg.checkpoint, run_id, ctx.rank, ctx.world_size,
+                            fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
+        got = ckpt.restore(embedding_shards(emb), model._dense(), opt)
+        if got is not None:
+            path, m = got
+            after_load([emb])
+            p = m["progress"]
+            same_world = m["world_size"] == ctx.world_size
+            mine = p.get(str(ctx.rank), p["0"]) if same_world else p["0"]
+            res.steps = int(m["step"])
+            res.global_samples = int(mine["global_samples"])
+            res.resumed_from = path
+            start_epoch = int(mine["epoch"])
+            if same_world:
+                res.samples = res.resumed_samples = int(mine["samples"])
+                start_batch = int(mine["batches"])
+                resume_loader = m["loader"][str(ctx.rank)]
+            else:  # rows are split differently over another number of ranks
+                res.resharded = True
+                if ctx.rank == 0:
+                    log.warning("checkpoint %s was written by %d ranks, this run has %d: the model "
+                                "is resharded; epoch %d restarts from its first row", path,
+                                m["world_size"], ctx.world_size, start_epoch + 1)
+            if start_batch >= steps_per_epoch:
+                start_epoch, start_batch, resume_loader = start_epoch + 1, 0, None
     limit = train_cfg.max_steps
     acc = torch.zeros(2, dtype=torch.float64)  # loss sum, rows since the last log point
     interval = {"t": 0.0}
     stats.reset()
-    done = False
-    emb = model.embeddings
-    for _epoch in range(train_cfg.epochs):
-        it = iter(make_loader(files, loader_cfg))
+    done = limit is not None and res.steps >= limit
+    epoch = start_epoch
+    for epoch in range(start_epoch, train_cfg.epochs):
+        if done:
+            break
+        loader = make_loader(files, loader_cfg)
+        first = start_batch if epoch == start_epoch else 0
+        if first and resume_loader is not None:
+            loader.load_state_dict(resume_loader)
+        it = iter(loader)
 
-        def fetch(it=it):
+        def fetch(it=it, loader=loader):
             t = time.perf_counter()
             b = next(it, None) or _empty_batch()
+            state = loader.state_dict() if ckpt is not None else None
             res.data_wait_seconds += time.perf_counter() - t
-            return b.to(ctx.device, non_blocking=True)
+            return b.to(ctx.device, non_blocking=True), state
 
-        batch = fetch()
+        batch, batch_state = fetch()
+        batch = maybe_poison(train_cfg, ctx.rank, res.steps + 1, batch)
         started = emb.start(batch.sparse) if train_cfg.pipeline else None
-        for i in range(steps_per_epoch):
+        for i in range(first, steps_per_epoch):
+            maybe_kill(train_cfg, ctx.rank, res.steps + 1)
             comm0, wait0 = stats.total_seconds, res.data_wait_seconds
             t0 = time.perf_counter()
-            nxt = nxt_started = None
+            nxt = nxt_started = nxt_state = None
             if i + 1 < steps_per_epoch and (limit is None or res.steps + 1 < limit):
-                nxt = fetch()
+                nxt, nxt_state = fetch()
+                nxt = maybe_poison(train_cfg, ctx.rank, res.steps + 2, nxt)
                 if train_cfg.pipeline:  # ids of batch i+1 travel while batch i computes
                     nxt_started = emb.start(nxt.sparse)
             loss_sum, global_batch = step_fn(batch, started)
@@ -169,26 +238,46 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
             if not math.isfinite(loss_sum):  # the peers then fail in their next collective
                 rows = batch.row_ids
                 raise NonFiniteLossError(
-                    f"loss is {loss_sum} at step {res.steps} on rank {ctx.rank}; batch rows "
-                    f"{int(rows.min())}..{int(rows.max())} ({batch.batch_size} rows)")
+                    f"loss is {loss_sum} at step {res.steps} on rank {ctx.rank}: batch {i} of epoch "
+                    f"{epoch + 1}, rows {int(rows.min())}..{int(rows.max())} ({batch.batch_size} "
+                    f"rows); the last good checkpoint is kept")
             acc[0] += loss_sum
             acc[1] += batch.batch_size
             interval["t"] += dt
             if res.steps % train_cfg.log_every == 0:
                 _log_point(res, acc, interval)
+            last = (limit is not None and res.steps >= limit) or (
+                i + 1 == steps_per_epoch and epoch + 1 == train_cfg.epochs)
+            if ckpt is not None and (ckpt.due(res.steps) or last):
+                _checkpoint(ckpt, model, opt, res, epoch, i + 1, batch_state)
             if limit is not None and res.steps >= limit:
                 done = True
                 break
-            batch, started = nxt, nxt_started
-        if done:
-            break
+            batch, started, batch_state = nxt, nxt_started, nxt_state
     _log_point(res, acc, interval)  # every rank takes part: it is a collective
     snap = stats.snapshot()
     res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in snap.items()}
+    if ckpt is not None:
+        res.checkpoints = list(ckpt.saved)
+        res.checkpoint_failures = ckpt.failed_writes
+        res.checkpoint_seconds = ckpt.save_seconds
+    flush_tiers([emb])
     tables_and_states = model.embeddings.full_tables(dst=0)
     if ctx.rank == 0:
         res.state_path = _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, out_dir)
     return res.__dict__
+
+
+def _checkpoint(ckpt: Checkpointer, model: DLRM, opt, res: RankResult, epoch: int, batches: int,
+                loader_state) -> None:
+    emb = model.embeddings
+    flush_tiers([emb])
+    rank0 = ckpt.rank == 0
+    dense, rest = dense_tensors(model._dense(), opt) if rank0 else ({}, {})
+    progress = {"epoch": epoch, "batches": batches, "samples": res.samples,
+                "global_samples": res.global_samples, "steps": res.steps}
+    ckpt.save(res.steps, embedding_shards(emb, replicated=rank0), dense, rest, progress,
+              loader_state)
 
 
 def _log_point(res: RankResult, acc: torch.Tensor, interval: dict) -> None:
@@ -232,13 +321,13 @@ def _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, ou
 @record
 @worker_entry
 def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, plan_d: dict,
-                         out_dir: str) -> dict[str, Any]:
+                         out_dir: str, run_id: str = "run") -> dict[str, Any]:
     """Entry point of every worker process (picklable arguments only)."""
     model_cfg = parse(ModelConfig, model_d, "model")
     train_cfg = parse(TrainConfig, train_d, "train")
     ctx = init_worker(train_cfg)
     result = train_sharded(ctx, manifest, model_cfg, train_cfg, ShardingPlan.from_dict(plan_d),
-                           out_dir)
+                           out_dir, run_id)
     dist.destroy_process_group()  # on error the process just exits: the launcher cleans up
     return result
 
@@ -252,9 +341,15 @@ def summarize(results: dict[int, dict]) -> dict[str, Any]:
         "steps": steps,
         "samples": sum(r["samples"] for r in results.values()),
         "step_seconds": step_s,
-        "samples_per_s": sum(r["samples"] for r in results.values()) / step_s if step_s else float("nan"),
+        "samples_per_s": sum(r["samples"] - r.get("resumed_samples", 0) for r in results.values())
+        / step_s if step_s else float("nan"),
         "final_loss": r0["final_loss"],
         "bytes_per_step": float(np.sum([sum(r["bytes_per_step"].values()) for r in results.values()])),
+        "checkpoints_written": len(r0.get("checkpoints", [])),
+        "checkpoint_failures": r0.get("checkpoint_failures", 0),
+        "checkpoint_seconds": r0.get("checkpoint_seconds", 0.0),
+        "resumed": int(r0.get("resumed_from") is not None),
+        "resumed_samples": sum(r.get("resumed_samples", 0) for r in results.values()),
     }
     for rank, r in sorted(results.items()):
         out[f"rank{rank}.step_ms"] = 1e3 * r["step_seconds"] / max(r["steps"], 1)
