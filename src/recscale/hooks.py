@@ -1,11 +1,61 @@
-"""Project hooks: quiet third-party loggers and tag each MLflow run with its Kedro environment."""
+"""Project hooks: check the MLflow store before anything runs, quiet third-party loggers and tag
+each MLflow run with its Kedro environment."""
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlparse
 
 from kedro.framework.hooks import hook_impl
+
+
+class TrackingStoreUnreachable(RuntimeError):
+    """The MLflow tracking store named in conf/*/mlflow.yml cannot be reached."""
+
+
+def check_tracking_store(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, naming the URI, when the tracking store cannot be reached: an http(s)
+    server that does not answer /health, a sqlite file that cannot be opened, a folder that cannot
+    be written. (MLflow itself retries an unreachable server for minutes, and only after training
+    when the first metric is logged.)"""
+    where = "server.mlflow_tracking_uri in conf/<env>/mlflow.yml"
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme in ("http", "https"):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (http/https only)
+                if resp.status != 200:
+                    raise TrackingStoreUnreachable(f"MLflow server {uri} answered {resp.status} on "
+                                                   f"/health ({where})")
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            raise TrackingStoreUnreachable(
+                f"MLflow tracking server {uri} is unreachable ({getattr(exc, 'reason', exc)}); "
+                f"start it or fix {where}") from exc
+    elif scheme == "sqlite":
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else parsed.path
+        folder = os.path.dirname(os.path.abspath(path)) or "."
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise TrackingStoreUnreachable(f"MLflow store {uri}: folder {folder} does not exist or "
+                                           f"is not writable ({where})")
+        try:
+            con = sqlite3.connect(path, timeout=timeout_s)
+            try:
+                con.execute("select 1")
+            finally:
+                con.close()
+        except sqlite3.Error as exc:
+            raise TrackingStoreUnreachable(f"MLflow store {uri} cannot be opened ({exc}); {where}") from exc
+    elif scheme in ("", "file"):
+        folder = parsed.path if scheme == "file" else uri
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise TrackingStoreUnreachable(f"MLflow store folder {folder} is not writable ({where})")
 
 
 class RecscaleHooks:
@@ -27,3 +77,29 @@ class RecscaleHooks:
                                  "kedro.pipeline": ",".join(n for n in names if n) or "__default__"})
         except Exception:  # tracking must never break a run from a hook
             logging.getLogger(__name__).debug("could not tag the MLflow run", exc_info=True)
+
+
+class TrackingStoreCheck:
+    """Checks the MLflow store first thing (tryfirst, before kedro-mlflow's own hook, which would
+    retry an unreachable server for minutes), so a bad store fails the run in seconds."""
+
+    @hook_impl(tryfirst=True)
+    def after_context_created(self, context) -> None:
+        loader = context.config_loader
+        if "mlflow" not in loader.config_patterns:
+            loader.config_patterns.update({"mlflow": ["mlflow*", "mlflow*/**", "**/mlflow*"]})
+        try:
+            conf = loader["mlflow"]
+        except Exception:  # no mlflow.yml: kedro-mlflow's defaults apply
+            conf = {}
+        uri = (conf.get("server") or {}).get("mlflow_tracking_uri") or os.environ.get(
+            "MLFLOW_TRACKING_URI")
+        if not uri:
+            return
+        uri = str(uri)
+        if uri.startswith("sqlite:///") and not os.path.isabs(uri[len("sqlite:///"):]):
+            uri = "sqlite:///" + str(context.project_path / uri[len("sqlite:///"):])
+        t0 = time.perf_counter()
+        check_tracking_store(uri)
+        logging.getLogger(__name__).debug("MLflow store %s reachable (%.2f s)", uri,
+                                          time.perf_counter() - t0)

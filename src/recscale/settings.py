@@ -2,9 +2,9 @@
 
 from kedro.config import OmegaConfigLoader
 
-from recscale.hooks import RecscaleHooks
+from recscale.hooks import RecscaleHooks, TrackingStoreCheck
 
-HOOKS = (RecscaleHooks(),)
+HOOKS = (TrackingStoreCheck(), RecscaleHooks())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {
