@@ -191,6 +191,9 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
                     log.warning("checkpoint %s was written by %d ranks, this run has %d: the model "
                                 "is resharded; epoch %d restarts from its first row", path,
                                 m["world_size"], ctx.world_size, start_epoch + 1)
+            if ctx.rank == 0:
+                log.info("resumed from %s at step %d (epoch %d, batch %d)", path, res.steps,
+                         start_epoch + 1, start_batch)
             if start_batch >= steps_per_epoch:
                 start_epoch, start_batch, resume_loader = start_epoch + 1, 0, None
     limit = train_cfg.max_steps
