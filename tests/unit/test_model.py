@@ -196,3 +196,10 @@ def test_mismatched_fbgemm_names_both_versions_and_the_working_pair(monkeypatch)
 
 def test_model_config_types():
     assert isinstance(_tiny_model(), DLRM)
+
+
+def test_embedding_weight_decay_is_refused_on_the_cpu_where_fbgemm_ignores_it():
+    from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags
+
+    with pytest.raises(ValueError, match=r"train\.embedding_optimizer\.weight_decay=0\.01 is not allowed"):
+        FusedEmbeddingBags([10], [4], EmbeddingOptimizerConfig("exact_sgd", 0.1, weight_decay=0.01))

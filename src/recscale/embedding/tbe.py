@@ -19,6 +19,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocati
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
     SplitTableBatchedEmbeddingBagsCodegen,
+    WeightDecayMode,
 )
 from torch import nn
 
@@ -75,6 +76,11 @@ class FusedEmbeddingBags(nn.Module):
                 raise ValueError(f"embedding dim {d} of table {i} is not allowed: fbgemm needs a multiple of 4")
         device = torch.device(device)
         on_cuda = device.type == "cuda"
+        if optimizer.weight_decay and not on_cuda:
+            # fbgemm's CPU kernels ignore weight decay in every mode (checked with 1.8.0): refuse
+            # it rather than train without it
+            raise ValueError(f"train.embedding_optimizer.weight_decay={optimizer.weight_decay} is "
+                             "not allowed on the CPU: fbgemm's CPU kernels ignore it; use 0.0")
         location = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
         self.rows = tuple(int(r) for r in rows)
@@ -90,6 +96,8 @@ class FusedEmbeddingBags(nn.Module):
                 learning_rate=optimizer.learning_rate,
                 eps=optimizer.eps,
                 weight_decay=optimizer.weight_decay,
+                # fbgemm's default mode (NONE) would silently drop a nonzero weight_decay
+                weight_decay_mode=WeightDecayMode.L2 if optimizer.weight_decay else WeightDecayMode.NONE,
                 pooling_mode=PoolingMode.SUM,
                 device=device,
             )
