@@ -315,6 +315,7 @@ class ShardedEmbeddingCollection(nn.Module):
                 [self.tables[t].num_embeddings for t in dp], [self.dims[t] for t in dp], optimizer,
                 device=device, seed=seed, table_ids=dp)
         self.last_batch_sizes: list[int] = []
+        self.to(self.device)  # the index buffers live with the ids they permute (CUDA or CPU)
 
     # ----------------------------------------------------------------------------------------
     def forward(self, sparse: SparseFeatures | InputDist) -> torch.Tensor:
@@ -351,8 +352,9 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.dp is not None:
             dp_l, dp_v, _ = fb.permute_2D_sparse_data(self._dp_idx, lengths, values, None, None)
             n_dp = int(dp_v.numel())
-        counts = torch.stack([torch.full((W,), B, dtype=torch.int64), vals_to,
-                              torch.full((W,), n_dp, dtype=torch.int64)], dim=1)
+        dev = values.device
+        counts = torch.stack([torch.full((W,), B, dtype=torch.int64, device=dev), vals_to.to(dev),
+                              torch.full((W,), n_dp, dtype=torch.int64, device=dev)], dim=1)
         got = exchange_counts(counts, self.group, self.stats, "input_counts")
         bs = got[:, 0].tolist()
         pend = InputDist(B=B, bs=bs, device=values.device)
@@ -417,7 +419,7 @@ class ShardedEmbeddingCollection(nn.Module):
         if pend.sharded is not None:
             k_me = self.k[me]
             rl, rv = self._split(pend.sharded.wait(), pend.recv_l, pend.recv_v)
-            order = _bag_order(k_me, bs)
+            order = _bag_order(k_me, bs).to(rl.device)
             l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), rl, rv, None, None)
             pooled = self._lookup(l2.view(k_me, bg), v2, bg, pend.device)
             wd = self.widths[me]
@@ -434,7 +436,7 @@ class ShardedEmbeddingCollection(nn.Module):
         if pend.dp is not None:
             k_dp = len(self.dp_tables)
             gl, gv = self._split(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v)
-            order = _bag_order(k_dp, bs)
+            order = _bag_order(k_dp, bs).to(gl.device)
             l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), gl, gv, None, None)
             full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))
             mine = _OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats,

@@ -273,10 +273,10 @@ class Checkpointer:
                 _fsync_dir(self.run_dir)
             except Exception as exc:
                 ok, err = False, f"{type(exc).__name__}: {exc}"
-        if dist_on:
-            flag = torch.tensor([1 if ok else 0])
-            dist.broadcast(flag, src=0, group=self.group)
-            ok = bool(flag.item())
+        if dist_on:  # (an object collective: works on gloo and NCCL alike)
+            box = [ok]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            ok = bool(box[0])
         if not ok:
             self.failed_writes += 1
             if self.rank == 0:

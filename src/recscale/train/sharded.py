@@ -287,7 +287,12 @@ def _log_point(res: RankResult, acc: torch.Tensor, interval: dict) -> None:
     """Global mean loss and samples/s since the last point (one small all-reduce)."""
     if not interval["t"]:
         return
-    dist.all_reduce(acc)
+    if dist.get_backend() == "nccl":  # NCCL reduces device tensors only
+        on_dev = acc.cuda()
+        dist.all_reduce(on_dev)
+        acc.copy_(on_dev.cpu())
+    else:
+        dist.all_reduce(acc)
     loss, rows = float(acc[0]), int(acc[1])
     res.final_loss = loss / max(rows, 1)
     res.history.setdefault("loss", []).append({"step": res.steps, "value": res.final_loss})
