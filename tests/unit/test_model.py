@@ -203,3 +203,27 @@ def test_embedding_weight_decay_is_refused_on_the_cpu_where_fbgemm_ignores_it():
 
     with pytest.raises(ValueError, match=r"train\.embedding_optimizer\.weight_decay=0\.01 is not allowed"):
         FusedEmbeddingBags([10], [4], EmbeddingOptimizerConfig("exact_sgd", 0.1, weight_decay=0.01))
+
+
+def test_to_cpu_model_copies_tables_optimizer_state_and_dense_layers():
+    """What a CUDA-trained model goes through (fbgemm keeps its tables in device-specific buffers,
+    so state_dicts do not load across devices): here CPU -> CPU, after some training."""
+    from recscale.train.api import to_cpu_model
+
+    manifest = {"table_sizes": [50, 70, 30]}
+    mcfg = parse(ModelConfig, {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]}, "model")
+    tcfg = parse(TrainConfig, {"seed": 4}, "train")
+    model = build_dlrm(mcfg, manifest["table_sizes"], 13, tcfg.embedding_optimizer, seed=4)
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(0, 3, (3, 32), generator=g)
+    values = torch.randint(0, 30, (int(lengths.sum()),), generator=g)
+    sp = SparseFeatures(("a", "b", "c"), values, lengths)
+    opt = make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer)
+    step = TrainStep(model, opt)
+    from recscale.data.batch import Batch
+    for _ in range(3):
+        step(Batch(torch.randn(32, 13, generator=g), sp, torch.randint(0, 2, (32,), generator=g).float(),
+                   torch.arange(32)))
+    copy = to_cpu_model(model, manifest, mcfg, tcfg)
+    a, b = model.state_dict(), copy.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -60,6 +60,8 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
         total_steps=steps_per_epoch * train_cfg.epochs, device=device, run_id=new_run_id(),
         fingerprint=model_fingerprint(manifest, model_cfg, train_cfg),
     )
+    if device.type != "cpu":  # the outcome is a CPU model, whatever device trained it
+        model = to_cpu_model(model, manifest, model_cfg, train_cfg)
     expected = rows * train_cfg.epochs
     if result.extra.get("resharded"):
         log.warning("resumed from a checkpoint of another world size: the interrupted epoch was "
@@ -68,6 +70,23 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
         raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
                            f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
     return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
+
+
+def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
+                 train_cfg: TrainConfig) -> DLRM:
+    """The same model on the CPU. fbgemm's table-batched module keeps its tables in
+    device-specific buffers (weights_dev on CUDA, weights_host on the CPU), so its state_dict does
+    not load across devices; copy table by table instead."""
+    cpu = build_model_for(manifest, model_cfg, train_cfg, "cpu")
+    with torch.no_grad():
+        for dst, src in zip(cpu.embeddings.split_weights(), model.embeddings.split_weights()):
+            dst.copy_(src.cpu())
+        for dst_t, src_t in zip(cpu.embeddings.split_optimizer_states() or [],
+                                model.embeddings.split_optimizer_states() or []):
+            for dst, src in zip(dst_t, src_t):
+                dst.copy_(src.cpu().view_as(dst))
+        cpu.dense_arch.load_state_dict({k: v.cpu() for k, v in model._dense().state_dict().items()})
+    return cpu
 
 
 def evaluate_dlrm(model: DLRM, manifest: dict, split: str, batch_size: int,

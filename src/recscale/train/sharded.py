@@ -81,9 +81,14 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
 
 def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats, precision: str = "fp32") -> DLRM:
     model.dense_arch.to(ctx.device)
-    # the dense arch's only buffer is a constant index: no per-step buffer broadcast
+    # the dense arch's only buffer is a constant index: no per-step buffer broadcast (the
+    # keyword is forward_sync_buffers from torch 2.13, broadcast_buffers before)
+    import inspect
+
+    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else "broadcast_buffers")
     ddp = DDP(model.dense_arch, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-              forward_sync_buffers=False, gradient_as_bucket_view=True)
+              gradient_as_bucket_view=True, **{no_sync: False})
     ddp.register_comm_hook(None, _counting_allreduce_hook(stats, precision))
     model.dense_arch = ddp
     return model
