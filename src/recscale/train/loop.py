@@ -91,6 +91,21 @@ class TrainResult:
         self.history.setdefault(name, []).append({"step": int(step), "value": float(value)})
 
 
+def _with_prefetch(batches: Iterable[Batch], device, prefetch) -> Iterable[Batch]:
+    """Batches one ahead: each next batch's ids go to ``prefetch`` (the embeddings' slow-tier
+    cache loads them while the current batch computes) before the current batch is yielded."""
+    it = iter(batches)
+    cur = next(it, None)
+    while cur is not None:
+        cur = cur.to(device, non_blocking=True)
+        nxt = next(it, None)
+        if nxt is not None:
+            nxt = nxt.to(device, non_blocking=True)
+            prefetch(nxt.sparse)
+        yield cur
+        cur = nxt
+
+
 def train_epochs(
     model: DLRM,
     batches_per_epoch: Iterable[Batch] | None,
@@ -110,9 +125,12 @@ def train_epochs(
     total = min(total_steps or limit or 0, limit or total_steps or 0) or None
     interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0
     t_wall = time.perf_counter()
+    prefetch = getattr(getattr(model, "embeddings", None), "prefetch", None)  # tiered only
     with Progress(total, "training", unit="step", mode=cfg.progress) as bar:
         for _epoch in range(cfg.epochs):
             epoch = make_epoch() if make_epoch is not None else batches_per_epoch
+            if prefetch is not None:
+                epoch = _with_prefetch(epoch, device, prefetch)
             for batch in epoch:
                 batch = batch.to(device, non_blocking=True)
                 t0 = time.perf_counter()
@@ -146,6 +164,9 @@ def train_epochs(
         res.record("loss", res.steps, interval_loss / interval_n)
         res.record("samples_per_s", res.steps, interval_samples / interval_t)
     res.wall_seconds = time.perf_counter() - t_wall
+    tier_stats = getattr(getattr(model, "embeddings", None), "tier_stats", None)
+    if tier_stats is not None:  # hit rate, bytes per tier, prefetch time -> MLflow metrics
+        res.extra.update({f"tiers.{k}": float(v) for k, v in tier_stats().items()})
     log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
              res.steps, res.samples, res.samples_per_s, res.final_loss)
     return res
