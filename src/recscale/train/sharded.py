@@ -30,6 +30,7 @@ from recscale.data.batch import Batch
 from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.data.loader import LoaderConfig, empty_columns, make_loader, rank_row_counts, to_batch
 from recscale.embedding.sharded import ShardedEmbeddingCollection
+from recscale.embedding.tiered import merge_tier_stats
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
 from recscale.sharding import ShardingPlan
 from recscale.train.config import TrainConfig
@@ -61,7 +62,7 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
     emb = ShardedEmbeddingCollection(
         plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size, seed=train_cfg.seed,
         group=ctx.sparse_group, device=ctx.device, stats=stats,
-        output_grad_scale=1.0 / ctx.world_size, comms=train_cfg.comms,
+        output_grad_scale=1.0 / ctx.world_size, comms=train_cfg.comms, tiers=train_cfg.tiers,
     )
     return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
                       ctx, stats, train_cfg.comms.dense_allreduce)
@@ -112,6 +113,7 @@ class RankResult:
     history: dict[str, list[dict]] = field(default_factory=dict)
     final_loss: float = float("nan")
     state_path: str | None = None
+    tier_stats: dict[str, float] = field(default_factory=dict)  # slow-tier shards' cache
 
 
 def _empty_batch() -> Batch:
@@ -159,6 +161,7 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
                 nxt = fetch()
                 if train_cfg.pipeline:  # ids of batch i+1 travel while batch i computes
                     nxt_started = emb.start(nxt.sparse)
+                    emb.prefetch(nxt_started)  # slow-tier shards load batch i+1's rows meanwhile
             loss_sum, global_batch = step_fn(batch, started)
             dt = time.perf_counter() - t0 - (res.data_wait_seconds - wait0)  # the step only
             res.steps += 1
@@ -185,6 +188,7 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
     _log_point(res, acc, interval)  # every rank takes part: it is a collective
     snap = stats.snapshot()
     res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in snap.items()}
+    res.tier_stats = emb.tier_stats()
     tables_and_states = model.embeddings.full_tables(dst=0)
     if ctx.rank == 0:
         res.state_path = _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, out_dir)
@@ -266,6 +270,10 @@ def summarize(results: dict[int, dict]) -> dict[str, Any]:
         out[f"rank{rank}.data_wait_ms"] = 1e3 * r["data_wait_seconds"] / max(r["steps"], 1)
         for k, v in r["bytes_per_step"].items():
             out[f"rank{rank}.bytes_per_step.{k}"] = v
+        for k, v in r.get("tier_stats", {}).items():
+            out[f"rank{rank}.tiers.{k}"] = v
+    tiers = merge_tier_stats([r["tier_stats"] for r in results.values() if r.get("tier_stats")])
+    out.update({f"tiers.{k}": v for k, v in tiers.items()})
     return out
 
 
