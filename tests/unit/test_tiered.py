@@ -360,3 +360,23 @@ def test_ram_budget_in_the_config_plans_tables_onto_ssd_and_training_matches(par
     a, b = tiered_run.model.state_dict(), memory_run.model.state_dict()
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert not list(tmp_path.glob("tiered-*"))  # scratch files released after training
+
+
+def test_a_prefetch_that_does_not_fit_is_skipped_and_the_batch_still_trains():
+    """Small batches (120 rows) alternate with large ones (190 rows, 60 shared with the small
+    one before) in a cache of 200: the large batch's rows cannot join the small one's, so
+    prefetch gives up, pinning no row, and the forward loads them itself."""
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    perm = torch.from_numpy(np.random.default_rng(0).permutation(2000))
+    batches = []
+    for j in range(4):
+        small, large = perm[j * 250: j * 250 + 120], perm[j * 250 + 60: j * 250 + 250]
+        for ids in (small, large):
+            batches.append(SparseFeatures(("a",), ids, torch.ones(1, ids.numel(), dtype=torch.int64)))
+    ref = FusedEmbeddingBags([2000], [8], opt, seed=1)
+    m = TieredEmbeddingBags([2000], [8], opt, seed=1, config=TierConfig(
+        tier="ddr", cache_load_factor=0.1, min_cache_rows=1))
+    for a, b in zip(train(ref, batches), train(m, batches)):
+        assert torch.equal(a, b)
+    assert m.tier_stats()["prefetch_skipped"] > 0 and m.tier_stats()["evictions"] > 0
+    assert_tables_equal(ref, m)

@@ -465,7 +465,7 @@ class TieredEmbeddingBags(nn.Module):
         return out
 
     def _scan(self, t: int, need: int, protect_from: int, clock: int) -> torch.Tensor | None:
-        out, rebuilt = [], False
+        out, old, rebuilt = [], [], False
         while need:
             q = self._queue[t]
             if q is None or self._qpos[t] >= q.numel():
@@ -485,10 +485,13 @@ class TieredEmbeddingBags(nn.Module):
             else:
                 self._qpos[t] = pos + chunk.numel()
             got = chunk[idx]
+            old.append(st[idx])
             self.stamp[got] = clock  # taken: out of any queue rebuilt below
             out.append(got)
             need -= got.numel()
-        if need:
+        if need:  # not enough: nothing is taken (the slots keep their rows and last use)
+            for got, st in zip(out, old):
+                self.stamp[got] = st
             self._queue[t] = None
             return None
         return torch.cat(out) if len(out) > 1 else out[0]
