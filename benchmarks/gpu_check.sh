@@ -3,6 +3,7 @@
 #   1. fbgemm's CUDA table-batched embedding: fused update parity with the CPU kernel
 #   2. NCCL: the sharded runtime's parity tests on 2 GPUs (when 2 are present)
 #   3. training-step throughput on the GPU (benchmarks/bench_train.py)
+#   4. memory tiers: fbgemm MANAGED_CACHING (managed_caching_bags) and the SSD-tier cache on CUDA
 # On a machine without CUDA it says so and exits 0. Output also goes to benchmarks/out/gpu_check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,4 +52,33 @@ else
 fi
 echo "== 3. training-step throughput on the GPU"
 "$PY" benchmarks/bench_train.py --device cuda --quality-rows 0 --reps 3 --steps 20 || status=1
+echo "== 4. tiers: fbgemm MANAGED_CACHING (DDR tier on CUDA) and the SSD-tier cache on CUDA vs CPU"
+"$PY" - <<'PY' || status=1
+import tempfile, torch
+from recscale.data.batch import SparseFeatures
+from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags
+from recscale.embedding.tiered import TierConfig, TieredEmbeddingBags, managed_caching_bags
+rows, dims = [200_000] * 4, [64] * 4
+opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.1)
+cpu = FusedEmbeddingBags(rows, dims, opt, device="cpu", seed=1)
+managed = managed_caching_bags(rows, dims, opt, cache_load_factor=0.1, device="cuda",
+                               initial_weights=[w.detach().clone() for w in cpu.split_weights()])
+ssd = TieredEmbeddingBags(rows, dims, opt, device="cuda", seed=1, config=TierConfig(
+    tier="ssd", cache_load_factor=0.1, scratch_dir=tempfile.mkdtemp()))
+g = torch.Generator().manual_seed(0)
+B = 4096
+for step in range(5):
+    lengths = torch.randint(0, 3, (4, B), generator=g)
+    values = (torch.randint(0, 2**20, (int(lengths.sum()),), generator=g) ** 2) % 200_000
+    sp = SparseFeatures(tuple("abcd"), values, lengths)
+    up = torch.randn(B, 256, generator=g)
+    (cpu(sp) * up).sum().backward()
+    (managed(sp.to("cuda")) * up.cuda()).sum().backward()
+    (ssd(sp.to("cuda")) * up.cuda()).sum().backward()
+for name, mod in (("managed caching", managed), ("ssd tier on cuda", ssd)):
+    err = max((a.cpu() - b).abs().max().item() for a, b in zip(mod.split_weights(), cpu.split_weights()))
+    print(f"{name}: max |cuda - cpu| after 5 fused rowwise-adagrad steps: {err:.2e}")
+    assert err < 1e-4, err
+print("ssd tier on cuda:", {k: round(v, 3) for k, v in ssd.tier_stats().items() if k in ("hit_rate", "rows_read", "rows_written")})
+PY
 exit $status
