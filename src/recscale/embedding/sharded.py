@@ -44,6 +44,14 @@ from recscale.comm.collectives import (
 )
 from recscale.data.batch import SparseFeatures
 from recscale.embedding.tbe import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
+from recscale.embedding.tiered import (
+    InitSlice,
+    TierConfig,
+    build_embedding_bags,
+    merge_tier_stats,
+    placement_for,
+    tier_stats_of,
+)
 from recscale.sharding import ShardingPlan
 
 ROW_TYPES = ("row_wise", "table_row_wise")
@@ -169,6 +177,7 @@ class InputDist:
     dp: PendingAllToAll | None = None
     dp_recv_l: list[int] = field(default_factory=list)
     dp_recv_v: list[int] = field(default_factory=list)
+    received: tuple | None = None  # (lengths, ids) for the local lookup, once waited for
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -191,7 +200,10 @@ class ShardedEmbeddingCollection(nn.Module):
         stats: CommStats | None = None,
         output_grad_scale: float = 1.0,
         comms: CommsConfig | None = None,
+        tiers: TierConfig | None = None,
     ):
+        """``tiers``: settings for shards the plan puts below the compute tier (DDR/SSD behind a
+        cache; see recscale.embedding.tiered)."""
         super().__init__()
         self.comms = comms or CommsConfig()
         self.fwd_codec = get_codec(self.comms.forward)
@@ -283,7 +295,19 @@ class ShardedEmbeddingCollection(nn.Module):
                 s.row_offset: s.row_offset + s.row_length, s.col_offset: s.col_offset + s.col_length]
 
         self.local = None
-        if self._fused_pos:
+        # shards below the compute tier (the plan's tier + cache fraction) train behind a cache
+        places = [placement_for(mine[i][1].tier, plan.topology.compute_tier,
+                                mine[i][1].cache_fraction, self.device.type, tiers)
+                  for i in self._fused_pos]
+        if any(p.kind != "memory" for p in places):
+            self.local = build_embedding_bags(
+                [mine[i][1].row_length for i in self._fused_pos],
+                [mine[i][1].col_length for i in self._fused_pos], optimizer, places, tiers,
+                device=device, seed=seed, store_prefix=f"rank{rank}-",
+                init_slices=[InitSlice(t, self.tables[t].num_embeddings, self.dims[t],
+                                       s.row_offset, s.col_offset)
+                             for t, s in (mine[i] for i in self._fused_pos)])
+        elif self._fused_pos:
             self.local = FusedEmbeddingBags(
                 [mine[i][1].row_length for i in self._fused_pos],
                 [mine[i][1].col_length for i in self._fused_pos], optimizer, device=device,
@@ -401,6 +425,42 @@ class ShardedEmbeddingCollection(nn.Module):
         both = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         return both.index_select(1, self._local_cols)
 
+    def _received(self, pend: InputDist) -> tuple[torch.Tensor, torch.Tensor]:
+        """Wait for a batch's ids and order them for the local lookup (once per batch)."""
+        if pend.received is None:
+            rl, rv = self._split(pend.sharded.wait(), pend.recv_l, pend.recv_v)
+            order = _bag_order(self.k[self.rank], pend.bs).to(rl.device)
+            l2, v2, _ = torch.ops.fbgemm.permute_1D_sparse_data(order.to(torch.int32), rl, rv,
+                                                                 None, None)
+            pend.received = (l2, v2)
+        return pend.received
+
+    def prefetch(self, pend: InputDist) -> None:
+        """Pipelining stage for shards on a slow tier: take the next batch's ids (waiting for its
+        input all-to-all) and name them to the cache, which loads them while the current batch
+        computes. Nothing happens (no wait) when every local shard is in memory."""
+        if self.local is None or not hasattr(self.local, "prefetch") or pend.sharded is None:
+            return
+        k, bg = self.k[self.rank], sum(pend.bs)
+        l2, v2 = self._received(pend)
+        lengths = l2.view(k, bg)
+        if self.cw_tables:  # the fused module sees its own features only
+            sl, sv, _ = torch.ops.fbgemm.permute_2D_sparse_data(self._local_split, lengths, v2,
+                                                                None, None)
+            nf = len(self._fused_pos)
+            lengths, v2 = sl[:nf], sv[: int(sl[:nf].sum())]
+        self.local.prefetch(SparseFeatures(("",) * lengths.shape[0], v2, lengths))
+
+    def flush(self) -> None:
+        """Write every slow-tier shard's dirty cached rows back (before a checkpoint reads
+        ``local_shards()``; reading the views flushes too)."""
+        if self.local is not None and hasattr(self.local, "flush"):
+            self.local.flush()
+
+    def tier_stats(self) -> dict[str, float]:
+        """Hit rate, rows/bytes read and written per slow tier, prefetch seconds ({} if none)."""
+        return merge_tier_stats([tier_stats_of(self.local)] if self.local is not None else [])
+
     @staticmethod
     def _split(recv: torch.Tensor, recv_l, recv_v) -> tuple[torch.Tensor, torch.Tensor]:
         parts, off = [], 0
@@ -418,9 +478,7 @@ class ShardedEmbeddingCollection(nn.Module):
         out = None
         if pend.sharded is not None:
             k_me = self.k[me]
-            rl, rv = self._split(pend.sharded.wait(), pend.recv_l, pend.recv_v)
-            order = _bag_order(k_me, bs).to(rl.device)
-            l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), rl, rv, None, None)
+            l2, v2 = self._received(pend)
             pooled = self._lookup(l2.view(k_me, bg), v2, bg, pend.device)
             wd = self.widths[me]
             wide = encoded_all_to_all(pooled.reshape(-1), [(b, wd) for b in bs],
@@ -468,6 +526,9 @@ class ShardedEmbeddingCollection(nn.Module):
         total += sum(x.numel() * x.element_size() for x in self.cw_state.values())
         for mod in (self.local, self.dp):
             if mod is None:
+                continue
+            if hasattr(mod, "memory_bytes"):  # tiered: what the fast tier holds
+                total += mod.memory_bytes()["fast"]
                 continue
             for name, p in list(mod.tbe.named_parameters()) + list(mod.tbe.named_buffers()):
                 if name.startswith(("weights_", "momentum")):

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+    CacheAlgorithm,
+    EmbeddingLocation,
+    PoolingMode,
+)
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
     SplitTableBatchedEmbeddingBagsCodegen,
@@ -55,6 +59,17 @@ def table_init(seed: int, table: int, rows: int, dim: int) -> torch.Tensor:
     return torch.empty(rows, dim).uniform_(-bound, bound, generator=g)
 
 
+def table_init_chunks(seed: int, table: int, rows: int, dim: int,
+                      chunk_rows: int = 65536) -> Iterator[torch.Tensor]:
+    """``table_init(seed, table, rows, dim)`` in blocks of ``chunk_rows`` rows, bitwise the same
+    values (one generator drawn in order), so a table larger than memory can be initialised
+    block by block (the SSD tier does)."""
+    g = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(table))
+    bound = 1.0 / math.sqrt(rows)
+    for r0 in range(0, rows, chunk_rows):
+        yield torch.empty(min(chunk_rows, rows - r0), dim).uniform_(-bound, bound, generator=g)
+
+
 class FusedEmbeddingBags(nn.Module):
     """Sum-pooled embedding bags for several tables, one feature per table, fused optimizer."""
 
@@ -67,7 +82,12 @@ class FusedEmbeddingBags(nn.Module):
         seed: int = 0,
         table_ids: Sequence[int] | None = None,
         initial_weights: Sequence[torch.Tensor] | None = None,
+        cache_load_factor: float | None = None,
+        cache_policy: str = "lru",
     ):
+        """``cache_load_factor`` (CUDA only): fbgemm's EmbeddingLocation.MANAGED_CACHING, the
+        tables in host memory (UVM) behind an HBM cache of that share of the rows, ``cache_policy``
+        "lru" or "lfu". On the CPU use ``recscale.embedding.tiered.TieredEmbeddingBags``."""
         super().__init__()
         if len(rows) != len(dims) or not rows:
             raise ValueError(f"rows ({len(rows)}) and dims ({len(dims)}) must be equal, non-empty lists")
@@ -83,6 +103,18 @@ class FusedEmbeddingBags(nn.Module):
                              "not allowed on the CPU: fbgemm's CPU kernels ignore it; use 0.0")
         location = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
+        cache_kw = {}
+        if cache_load_factor is not None:
+            check_choice("cache_policy", cache_policy, ("lru", "lfu"))
+            check(0 < cache_load_factor <= 1, "cache_load_factor", cache_load_factor, "in (0, 1]")
+            if not on_cuda:
+                raise ValueError(f"cache_load_factor={cache_load_factor!r} (fbgemm MANAGED_CACHING) "
+                                 "needs a CUDA device; on the CPU use TieredEmbeddingBags")
+            location = EmbeddingLocation.MANAGED_CACHING
+            cache_kw = {"cache_load_factor": float(cache_load_factor),
+                        "cache_algorithm": CacheAlgorithm.LFU if cache_policy == "lfu"
+                        else CacheAlgorithm.LRU}
+        self.managed_caching = location == EmbeddingLocation.MANAGED_CACHING
         self.rows = tuple(int(r) for r in rows)
         self.dims = tuple(int(d) for d in dims)
         self.optimizer_config = optimizer
@@ -100,6 +132,7 @@ class FusedEmbeddingBags(nn.Module):
                 weight_decay_mode=WeightDecayMode.L2 if optimizer.weight_decay else WeightDecayMode.NONE,
                 pooling_mode=PoolingMode.SUM,
                 device=device,
+                **cache_kw,
             )
         finally:
             logging.disable(previous)
@@ -119,9 +152,18 @@ class FusedEmbeddingBags(nn.Module):
         """-> pooled embeddings [B, sum(dims)], table t in columns sum(dims[:t]) .. + dims[t]."""
         return self.tbe(sparse.values, sparse.offsets())
 
+    def _sync_managed_cache(self) -> None:
+        """MANAGED_CACHING: write the HBM cache back to the host tables and empty it, so the views
+        below are the whole truth and a copy into them is what the next lookup sees."""
+        if self.managed_caching:
+            self.tbe.flush()
+            self.tbe.reset_cache_states()
+
     def split_weights(self) -> list[torch.Tensor]:
         """Views of each table's weights [rows, dim]."""
+        self._sync_managed_cache()
         return list(self.tbe.split_embedding_weights())
 
     def split_optimizer_states(self) -> list[list[torch.Tensor]]:
+        self._sync_managed_cache()
         return [list(s) for s in self.tbe.split_optimizer_states()]

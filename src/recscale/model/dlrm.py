@@ -150,13 +150,21 @@ def build_dlrm(
     embedding_optimizer,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    placements=None,
+    tiers=None,
 ) -> DLRM:
-    """Single-process DLRM with all tables in one fused fbgemm module. Same seed, same weights."""
+    """Single-process DLRM with all tables in one fused fbgemm module. Same seed, same weights.
+    ``placements`` (``recscale.embedding.tiered.Placement`` per table, e.g. from a plan) put
+    tables on the DDR/SSD tiers behind a cache (``tiers``: TierConfig); training is unchanged."""
     from recscale.embedding import FusedEmbeddingBags
 
-    emb = FusedEmbeddingBags(
-        table_sizes, [cfg.embedding_dim] * len(table_sizes), embedding_optimizer, device=device,
-        seed=seed,
-    )
+    dims = [cfg.embedding_dim] * len(table_sizes)
+    if placements is not None and any(p.kind != "memory" for p in placements):
+        from recscale.embedding.tiered import build_embedding_bags
+
+        emb = build_embedding_bags(table_sizes, dims, embedding_optimizer, placements, tiers,
+                                   device=device, seed=seed)
+    else:
+        emb = FusedEmbeddingBags(table_sizes, dims, embedding_optimizer, device=device, seed=seed)
     model = DLRM(num_dense, len(table_sizes), cfg, emb, seed=seed)
     return model.to(device)

@@ -119,6 +119,20 @@ class Topology:
     def compute_tier(self) -> str:
         return self.tiers[0]
 
+    def with_ram_budget(self, ram_bytes: float, ssd_bytes: float,
+                        ssd_bw: float | None = None) -> Topology:
+        """This topology with ``ram_bytes`` of host memory (DDR) per rank for embeddings and an
+        SSD tier of ``ssd_bytes`` per rank (bandwidth ``ssd_bw``, default the topology's or
+        ``DEFAULT_SSD_BW``): the planner then spills what does not fit in RAM to SSD."""
+        from dataclasses import replace
+
+        for key, v in (("ram_budget_bytes", ram_bytes), ("ssd_bytes", ssd_bytes)):
+            if isinstance(v, bool) or not isinstance(v, Real) or not v > 0:
+                _fail(key, v, "a positive number of bytes")
+        bw = ssd_bw or self.ssd_bw or DEFAULT_SSD_BW
+        return replace(self, ddr_bytes=float(ram_bytes), ssd_bytes=float(ssd_bytes),
+                       ssd_bw=float(bw))
+
     # --- presets ----------------------------------------------------------------------------------
     @classmethod
     def preset(cls, name: str, world_size: int | None = None,
@@ -165,6 +179,10 @@ class Topology:
                               + ", ".join(sorted(allowed)))
         return cls(**dict(d))
 
+
+# SSD random-row read bandwidth assumed where a topology has no SSD tier of its own (a memory-mapped
+# file on a local NVMe drive; an assumption like the presets' SSD figures, not a measurement).
+DEFAULT_SSD_BW = 1e9
 
 # Node-level figures; see the module docstring for sources.
 PRESETS: dict[str, dict[str, Any]] = {

@@ -32,9 +32,48 @@ class TrainOutcome:
 
 
 def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                    device: torch.device | str = "cpu") -> DLRM:
+                    device: torch.device | str = "cpu", placements=None) -> DLRM:
     return build_dlrm(model_cfg, manifest["table_sizes"], NUM_DENSE,
-                      train_cfg.embedding_optimizer, seed=train_cfg.seed, device=device)
+                      train_cfg.embedding_optimizer, seed=train_cfg.seed, device=device,
+                      placements=placements, tiers=train_cfg.tiers)
+
+
+def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
+    """One process: each table's placement from the plan (the tier and cache fraction of its
+    shard), in ``feature_names`` order; None when every table is in the compute tier."""
+    from recscale.embedding.tiered import placement_for
+    from recscale.sharding import ShardingPlan
+
+    if plan is None:
+        return None
+    plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+    by_feature = {f: tp for tp in plan.tables for f in tp.feature_names}
+    out = []
+    for f in feature_names:
+        if f not in by_feature:
+            raise ValueError(f"the sharding plan has no table for feature {f!r}")
+        s = by_feature[f].shards[0]
+        out.append(placement_for(s.tier, plan.topology.compute_tier, s.cache_fraction,
+                                 device_type, tiers))
+    return out if any(p.kind != "memory" for p in out) else None
+
+
+def _in_memory_copy(model: DLRM, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                    device) -> DLRM:
+    """The trained tiered model as an ordinary in-memory DLRM (what MLflow stores and evaluation
+    loads); the tiered module's scratch files are released."""
+    ref = build_model_for(manifest, model_cfg, train_cfg, device)
+    src = model.embeddings
+    with torch.no_grad():
+        for w, x in zip(ref.embeddings.split_weights(), src.split_weights()):
+            w.copy_(x)
+        for st_ref, st in zip(ref.embeddings.split_optimizer_states() or [],
+                              src.split_optimizer_states() or []):
+            for a, b in zip(st_ref, st):
+                a.copy_(b.view_as(a))
+        ref.dense_arch.load_state_dict(model.dense_arch.state_dict())
+    src.close()
+    return ref
 
 
 def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -47,7 +86,11 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
         return _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir)
     device = resolve_device(train_cfg.device)
     threads = set_threads(train_cfg.num_threads)
-    model = build_model_for(manifest, model_cfg, train_cfg, device)
+    # tables the plan puts on a slower tier (e.g. beyond train.tiers.ram_budget_bytes) train
+    # from it behind a cache
+    placements = placements_from_plan(plan, manifest["sparse_features"], device.type,
+                                      train_cfg.tiers)
+    model = build_model_for(manifest, model_cfg, train_cfg, device, placements)
     files = manifest["splits"]["train"]["files"]
     rows = count_rows(files)
     if rows == 0:
@@ -60,7 +103,9 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
         total_steps=steps_per_epoch * train_cfg.epochs, device=device, run_id=new_run_id(),
         fingerprint=model_fingerprint(manifest, model_cfg, train_cfg),
     )
-    if device.type != "cpu":  # the outcome is a CPU model, whatever device trained it
+    if placements is not None:  # an ordinary in-memory CPU model, whatever trained it
+        model = _in_memory_copy(model, manifest, model_cfg, train_cfg, "cpu")
+    elif device.type != "cpu":  # the outcome is a CPU model, whatever device trained it
         model = to_cpu_model(model, manifest, model_cfg, train_cfg)
     expected = rows * train_cfg.epochs
     if result.extra.get("resharded"):

@@ -147,11 +147,9 @@ def flush_tiers(modules: Sequence[torch.nn.Module]) -> None:
 
 
 def after_load(modules: Sequence[torch.nn.Module]) -> None:
-    """Tell tiered embedding modules that their full-table views were written to (drop caches)."""
-    for m in modules:
-        for sub in m.modules():
-            if callable(getattr(sub, "after_checkpoint_load", None)):
-                sub.after_checkpoint_load()
+    """Tiered embedding modules: what was copied into their full-table views is written through
+    to the slow tier (their next lookup reads it)."""
+    flush_tiers(modules)
 
 
 def dense_tensors(dense: torch.nn.Module, opt: torch.optim.Optimizer | None) -> tuple[dict, dict]:

@@ -8,6 +8,7 @@ from typing import Literal
 from recscale.comm.codecs import CommsConfig
 from recscale.config import check, check_choice
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
+from recscale.embedding.tiered import TierConfig
 from recscale.train.checkpoint import CheckpointConfig
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -57,6 +58,8 @@ class TrainConfig:
     dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
     # wire precision of the sharded runtime's collectives (the top-level `comms` parameters)
     comms: CommsConfig = field(default_factory=CommsConfig)
+    # memory tiers: tables the plan puts on DDR/SSD train behind a software cache
+    tiers: TierConfig = field(default_factory=TierConfig)
     # sharded runtime: start the next batch's input distribution before the current batch's
     # forward/backward (results are identical either way)
     pipeline: bool = True

@@ -110,6 +110,30 @@ def model_shards(model: DLRM) -> list[LocalShard]:
             for t, (w, st) in enumerate(zip(emb.split_weights(), states))]
 
 
+def _batches(loader: Iterable[Batch], device, prefetch=None, with_state: bool = False):
+    """-> (batch on ``device``, loader state right after that batch was read), one batch ahead:
+    each next batch's ids go to ``prefetch`` (the embeddings' slow-tier cache loads them while
+    the current batch computes) before the current batch is yielded. The state comes from the
+    torchdata loader's ``state_dict()`` when it was read, so a checkpoint never skips the batch
+    already read ahead."""
+    it = iter(loader)
+    state_of = getattr(loader, "state_dict", None) if with_state else None
+
+    def fetch():
+        b = next(it, None)
+        if b is None:
+            return None, None
+        return b.to(device, non_blocking=True), (state_of() if state_of is not None else None)
+
+    cur, cur_state = fetch()
+    while cur is not None:
+        nxt, nxt_state = fetch()
+        if nxt is not None and prefetch is not None:
+            prefetch(nxt.sparse)
+        yield cur, cur_state
+        cur, cur_state = nxt, nxt_state
+
+
 def train_epochs(
     model: DLRM,
     batches_per_epoch: Iterable[Batch] | None,
@@ -153,7 +177,8 @@ def train_epochs(
     total = min(total_steps or limit or 0, limit or total_steps or 0) or None
     interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0
     t_wall = time.perf_counter()
-    epoch_i, batches, epoch = start_epoch, skip, None
+    epoch_i, batches, batch_state = start_epoch, skip, None
+    prefetch = getattr(getattr(model, "embeddings", None), "prefetch", None)  # tiered only
     with Progress(total, "training", unit="step", mode=cfg.progress) as bar:
         for epoch_i in range(start_epoch, cfg.epochs):
             if limit is not None and res.steps >= limit:
@@ -162,10 +187,10 @@ def train_epochs(
             batches = skip if epoch_i == start_epoch else 0
             if batches and loader_state is not None:
                 epoch.load_state_dict(loader_state)
-            for batch in epoch:
+            for batch, batch_state in _batches(epoch, device, prefetch, ckpt is not None):
                 batches += 1
                 maybe_kill(cfg, 0, res.steps + 1)
-                batch = maybe_poison(cfg, 0, res.steps + 1, batch.to(device, non_blocking=True))
+                batch = maybe_poison(cfg, 0, res.steps + 1, batch)
                 t0 = time.perf_counter()
                 loss = step_fn(batch)
                 loss_v = float(loss)  # syncs, so the step is really over before the timer stops
@@ -191,11 +216,11 @@ def train_epochs(
                 bar.update(res.steps, loss=f"{loss_v:.4f}")
                 res.final_loss = loss_v
                 if ckpt is not None and ckpt.due(res.steps):
-                    _save_single(ckpt, model, opt, res, epoch_i, batches, epoch)
+                    _save_single(ckpt, model, opt, res, epoch_i, batches, batch_state)
                 if limit is not None and res.steps >= limit:
                     break
     if ckpt is not None and (not ckpt.saved or not ckpt.saved[-1].endswith(f"{res.steps:08d}")):
-        _save_single(ckpt, model, opt, res, epoch_i, batches, epoch)
+        _save_single(ckpt, model, opt, res, epoch_i, batches, batch_state)
     if ckpt is not None:
         res.extra.update(checkpoints_written=float(len(ckpt.saved)),
                          checkpoint_failures=float(ckpt.failed_writes),
@@ -206,16 +231,18 @@ def train_epochs(
         res.record("loss", res.steps, interval_loss / interval_n)
         res.record("samples_per_s", res.steps, interval_samples / interval_t)
     res.wall_seconds = time.perf_counter() - t_wall
+    tier_stats = getattr(getattr(model, "embeddings", None), "tier_stats", None)
+    if tier_stats is not None:  # hit rate, bytes per tier, prefetch time -> MLflow metrics
+        res.extra.update({f"tiers.{k}": float(v) for k, v in tier_stats().items()})
     log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
              res.steps, res.samples, res.samples_per_s, res.final_loss)
     return res
 
 
 def _save_single(ckpt: Checkpointer, model: DLRM, opt, res: TrainResult, epoch: int,
-                 batches: int, loader) -> None:
+                 batches: int, state) -> None:
     flush_tiers([model.embeddings])
     dense, rest = dense_tensors(model._dense(), opt)
-    state = loader.state_dict() if hasattr(loader, "state_dict") else None
     progress = {"epoch": epoch, "batches": batches, "samples": res.samples,
                 "global_samples": res.samples, "steps": res.steps}
     ckpt.save(res.steps, model_shards(model), dense, rest, progress, state)

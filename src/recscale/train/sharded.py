@@ -31,6 +31,7 @@ from recscale.data.batch import Batch
 from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.data.loader import LoaderConfig, empty_columns, make_loader, rank_row_counts, to_batch
 from recscale.embedding.sharded import ShardedEmbeddingCollection
+from recscale.embedding.tiered import merge_tier_stats
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
 from recscale.sharding import ShardingPlan
 from recscale.train.checkpoint import (
@@ -73,7 +74,7 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
     emb = ShardedEmbeddingCollection(
         plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size, seed=train_cfg.seed,
         group=ctx.sparse_group, device=ctx.device, stats=stats,
-        output_grad_scale=1.0 / ctx.world_size, comms=train_cfg.comms,
+        output_grad_scale=1.0 / ctx.world_size, comms=train_cfg.comms, tiers=train_cfg.tiers,
     )
     return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
                       ctx, stats, train_cfg.comms.dense_allreduce)
@@ -135,6 +136,7 @@ class RankResult:
     checkpoints: list[str] = field(default_factory=list)
     checkpoint_failures: int = 0
     checkpoint_seconds: float = 0.0
+    tier_stats: dict[str, float] = field(default_factory=dict)  # slow-tier shards' cache
 
 
 def _empty_batch() -> Batch:
@@ -236,6 +238,7 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
                 nxt = maybe_poison(train_cfg, ctx.rank, res.steps + 2, nxt)
                 if train_cfg.pipeline:  # ids of batch i+1 travel while batch i computes
                     nxt_started = emb.start(nxt.sparse)
+                    emb.prefetch(nxt_started)  # slow-tier shards load batch i+1's rows meanwhile
             loss_sum, global_batch = step_fn(batch, started)
             dt = time.perf_counter() - t0 - (res.data_wait_seconds - wait0)  # the step only
             res.steps += 1
@@ -270,6 +273,7 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
         res.checkpoint_failures = ckpt.failed_writes
         res.checkpoint_seconds = ckpt.save_seconds
     flush_tiers([emb])
+    res.tier_stats = emb.tier_stats()
     tables_and_states = model.embeddings.full_tables(dst=0)
     if ctx.rank == 0:
         res.state_path = _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, out_dir)
@@ -374,6 +378,10 @@ def summarize(results: dict[int, dict]) -> dict[str, Any]:
         out[f"rank{rank}.data_wait_ms"] = 1e3 * r["data_wait_seconds"] / max(r["steps"], 1)
         for k, v in r["bytes_per_step"].items():
             out[f"rank{rank}.bytes_per_step.{k}"] = v
+        for k, v in r.get("tier_stats", {}).items():
+            out[f"rank{rank}.tiers.{k}"] = v
+    tiers = merge_tier_stats([r["tier_stats"] for r in results.values() if r.get("tier_stats")])
+    out.update({f"tiers.{k}": v for k, v in tiers.items()})
     return out
 
 

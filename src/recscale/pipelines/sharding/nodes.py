@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,6 +19,20 @@ log = logging.getLogger(__name__)
 _KEYS = {"topology", "world_size", "local_world_size", "options"}
 
 
+def _with_ram_budget(topo: Topology, tiers_params: dict | None) -> Topology:
+    """``train.tiers.ram_budget_bytes``: each rank gets that much RAM for embeddings and an SSD
+    tier (the free space of ``train.tiers.scratch_dir``), so larger tables are planned onto SSD."""
+    from recscale.embedding.tiered import TierConfig
+
+    tiers = parse(TierConfig, tiers_params or {}, "train.tiers")
+    if tiers.ram_budget_bytes is None:
+        return topo
+    scratch = tiers.scratch_dir or tempfile.gettempdir()
+    os.makedirs(scratch, exist_ok=True)
+    free = shutil.disk_usage(scratch).free / topo.local_world_size
+    return topo.with_ram_budget(tiers.ram_budget_bytes, free)
+
+
 def plan_tables(dataset_manifest: dict, sharding_params: dict, model_params: dict,
                 train_params: dict, comms_params: dict | None = None):
     unknown = sorted(set(sharding_params) - _KEYS)
@@ -26,6 +42,7 @@ def plan_tables(dataset_manifest: dict, sharding_params: dict, model_params: dic
     world = sharding_params.get("world_size") or train_params.get("world_size", 1)
     topo = Topology.preset(sharding_params.get("topology", "cpu-local"), world_size=world,
                            local_world_size=sharding_params.get("local_world_size"))
+    topo = _with_ram_budget(topo, train_params.get("tiers"))
     opts = {"optimizer": train_params.get("embedding_optimizer", {}).get(
         "name", "exact_rowwise_adagrad"), **(sharding_params.get("options") or {})}
     if comms_params is not None:  # the planner prices the wire precisions the run will use

@@ -1,0 +1,382 @@
+"""Tiered embeddings: tables on DDR/SSD behind a software cache train bitwise like in memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from recscale.config import ConfigError, parse
+from recscale.data.batch import SparseFeatures
+from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
+from recscale.embedding.tbe import table_init_chunks
+from recscale.embedding.tiered import (
+    FAILPOINT_ENV,
+    CacheTooSmallError,
+    InitSlice,
+    MultiTierEmbeddingBags,
+    Placement,
+    TierConfig,
+    TieredEmbeddingBags,
+    build_embedding_bags,
+)
+
+ROWS = (2000, 1500, 3000)  # each table 10x its cache (cache_load_factor 0.1)
+DIMS = (8, 16, 4)
+B = 64
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def zipf_batches(n: int, rows=ROWS, batch=B, seed: int = 0, a: float = 1.2) -> list[SparseFeatures]:
+    """Random bags (0-3 ids per sample and table), ids Zipf-distributed over a random
+    permutation of each table's rows (hot rows scattered, many repeats within a batch)."""
+    rng = np.random.default_rng(seed)
+    perms = [rng.permutation(r) for r in rows]
+    out = []
+    for _ in range(n):
+        lengths = rng.integers(0, 4, size=(len(rows), batch))
+        vals = [perms[t][(rng.zipf(a, int(lengths[t].sum())) - 1) % r] for t, r in enumerate(rows)]
+        out.append(SparseFeatures(tuple(f"f{t}" for t in range(len(rows))),
+                                  torch.from_numpy(np.concatenate(vals)).long(),
+                                  torch.from_numpy(lengths).long()))
+    return out
+
+
+def train(module, batches, seed: int = 1, prefetch: bool = True) -> list[torch.Tensor]:
+    """Forward + backward with random upstream gradients; the next batch is named for prefetch.
+    -> pooled outputs."""
+    g = torch.Generator().manual_seed(seed)
+    pooled = []
+    for i, b in enumerate(batches):
+        if prefetch and i + 1 < len(batches) and hasattr(module, "prefetch"):
+            module.prefetch(batches[i + 1])
+        out = module(b)
+        pooled.append(out.detach().clone())
+        (out * torch.randn(out.shape, generator=g)).sum().backward()
+    return pooled
+
+
+def assert_tables_equal(a, b) -> None:
+    for t, (x, y) in enumerate(zip(a.split_weights(), b.split_weights())):
+        assert torch.equal(x, y), f"table {t} weights differ"
+    sa, sb = a.split_optimizer_states(), b.split_optimizer_states()
+    assert len(sa) == len(sb)
+    for t, (x, y) in enumerate(zip(sa, sb)):
+        for u, v in zip(x, y):
+            assert torch.equal(u, v), f"table {t} optimizer state differs"
+
+
+def tiered(opt: str, tier: str = "ssd", policy: str = "lru", tmp=None, **kw) -> TieredEmbeddingBags:
+    cfg = TierConfig(tier=tier, cache_load_factor=0.1, policy=policy, min_cache_rows=1,
+                     scratch_dir=str(tmp or ""), **kw)
+    return TieredEmbeddingBags(ROWS, DIMS, EmbeddingOptimizerConfig(opt, 0.3), seed=4, config=cfg)
+
+
+@pytest.mark.parametrize("tier", ["ddr", "ssd"])
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("opt", ["exact_sgd", "exact_rowwise_adagrad"])
+def test_table_10x_its_cache_trains_bitwise_like_in_memory(opt, policy, tier, tmp_path):
+    ref = FusedEmbeddingBags(ROWS, DIMS, EmbeddingOptimizerConfig(opt, 0.3), seed=4)
+    m = tiered(opt, tier, policy, tmp_path)
+    assert all(r == 10 * c for r, c in zip(m.rows, m.cache_rows))
+    batches = zipf_batches(16)
+    want, got = train(ref, batches), train(m, batches)
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), f"pooled output of step {i} differs"
+    s = m.tier_stats()  # the cache really was too small: rows were evicted and written back
+    assert s["evictions"] > 500 and s["rows_written"] > 500 and s["prefetch_rows"] > 0
+    assert 0.3 < s["hit_rate"] < 0.95
+    assert s[f"bytes_read.{tier}"] > 0 and s[f"bytes_written.{tier}"] > 0
+    assert_tables_equal(ref, m)
+    m.close()
+
+
+def test_exact_adagrad_and_no_prefetch_are_bitwise_too(tmp_path):
+    opt = EmbeddingOptimizerConfig("exact_adagrad", 0.3)
+    ref = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
+    m = TieredEmbeddingBags(ROWS, DIMS, opt, seed=4, config=TierConfig(
+        tier="ssd", cache_load_factor=0.1, min_cache_rows=1, prefetch=False,
+        scratch_dir=str(tmp_path)))
+    batches = zipf_batches(10, seed=5)
+    train(ref, batches)
+    train(m, batches)
+    assert m.tier_stats()["prefetch_rows"] == 0 and m.tier_stats()["evictions"] > 0
+    assert_tables_equal(ref, m)
+
+
+def test_init_blocks_equal_table_init_and_shard_slices():
+    full = table_init(7, 3, 1001, 12)
+    assert torch.equal(torch.cat(list(table_init_chunks(7, 3, 1001, 12, chunk_rows=97))), full)
+    sl = InitSlice(3, 1001, 12, row_offset=301, col_offset=4)
+    got = torch.zeros(400, 8)
+    for r0, block in sl.blocks(7, 400, 8, chunk_rows=64):
+        got[r0: r0 + block.shape[0]] = block
+    assert torch.equal(got, full[301:701, 4:12])
+    assert torch.equal(sl.materialize(7, 400, 8), full[301:701, 4:12])
+
+
+def test_lru_evicts_the_least_recently_used_and_lfu_the_least_frequent():
+    def run(policy):
+        m = TieredEmbeddingBags([100], [4], EmbeddingOptimizerConfig("exact_sgd", 0.1),
+                                config=TierConfig(tier="ddr", cache_load_factor=0.04,
+                                                  min_cache_rows=1, policy=policy))
+        assert m.cache_rows == (4,)
+        for ids in ([0, 1, 2, 3], [1, 1], [1], [2], [3], [0], [4]):
+            m(SparseFeatures(("a",), torch.tensor(ids), torch.tensor([[len(ids)]])))
+        return set(m.key_of_slot.tolist())
+
+    # LRU: 1 was used longest ago when 4 came in; LFU: 1 was used most (4 times), 2, 3 and 0
+    # twice each, and the tie among them goes to the least recently used (2)
+    assert run("lru") == {0, 2, 3, 4}
+    assert run("lfu") == {1, 3, 0, 4}
+
+
+def test_a_batch_wider_than_the_cache_fails_naming_table_ids_and_cache_rows():
+    m = TieredEmbeddingBags([1000, 50], [4, 4], EmbeddingOptimizerConfig("exact_sgd", 0.1),
+                            config=TierConfig(tier="ddr", cache_load_factor=0.01,
+                                              min_cache_rows=1))
+    sp = SparseFeatures(("a", "b"), torch.cat([torch.arange(11), torch.tensor([1])]),
+                        torch.tensor([[11], [1]]))
+    with pytest.raises(CacheTooSmallError, match=r"table 0 \(1000 rows.*11 distinct ids.*10 rows"):
+        m(sp)
+    with pytest.raises(IndexError, match=r"table 1: id 50 is out of range \[0, 50\)"):
+        m(SparseFeatures(("a", "b"), torch.tensor([1, 50]), torch.tensor([[1], [1]])))
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"train.tiers.policy='fifo'.*'lru', 'lfu'"):
+        parse(TierConfig, {"policy": "fifo"}, "train.tiers")
+    with pytest.raises(ConfigError, match=r"train.tiers.cache_load_factor=1.5.*\(0, 1\]"):
+        parse(TierConfig, {"cache_load_factor": 1.5}, "train.tiers")
+    with pytest.raises(ConfigError, match=r"train.tiers.ram_budget_bytes=-1"):
+        parse(TierConfig, {"ram_budget_bytes": -1}, "train.tiers")
+    with pytest.raises(ConfigError, match=r"unknown key train.tiers.cache"):
+        parse(TierConfig, {"cache": 0.1}, "train.tiers")
+
+
+def test_checkpoint_views_restore_and_training_resumes_identically(tmp_path):
+    """split_weights()/split_optimizer_states() are the whole tables after a flush; copying a
+    checkpoint into them (load_state) and training on equals the in-memory run restored the same way."""
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    batches = zipf_batches(12, seed=2)
+    ref = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
+    train(ref, batches[:6])
+    ckpt = ([w.clone() for w in ref.split_weights()],
+            [[s.clone() for s in st] for st in ref.split_optimizer_states()])
+    train(ref, batches[6:], seed=9)
+
+    m = tiered("exact_rowwise_adagrad", "ssd", "lfu", tmp_path)
+    train(m, batches[:3])  # somewhere else entirely, with a warm, dirty cache
+    m.load_state(*ckpt)
+    for w, c in zip(m.split_weights(), ckpt[0]):
+        assert torch.equal(w, c)
+    train(m, batches[6:], seed=9)
+    assert_tables_equal(ref, m)
+    # the copy-into-views route (what checkpoint code does with FusedEmbeddingBags) works too
+    with torch.no_grad():
+        for v, c in zip(m.split_weights(), ckpt[0]):
+            v.copy_(c)
+        for vs, cs in zip(m.split_optimizer_states(), ckpt[1]):
+            vs[0].copy_(cs[0])
+    m.flush()
+    with torch.no_grad():  # the in-memory module restored the same way
+
+        for v, c in zip(ref.split_weights(), ckpt[0]):
+            v.copy_(c)
+        for vs, cs in zip(ref.split_optimizer_states(), ckpt[1]):
+            vs[0].copy_(cs[0])
+    train(ref, batches[6:9], seed=11)
+    train(m, batches[6:9], seed=11)
+    assert_tables_equal(ref, m)
+
+
+def test_mixed_placements_in_one_module_are_bitwise(tmp_path):
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    ref = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
+    cfg = TierConfig(min_cache_rows=1, scratch_dir=str(tmp_path))
+    m = build_embedding_bags(ROWS, DIMS, opt, [Placement("ssd", 0.1), Placement("memory"),
+                                               Placement("ddr", 0.2)], cfg, seed=4)
+    assert isinstance(m, MultiTierEmbeddingBags)
+    batches = zipf_batches(8, seed=3)
+    for a, b in zip(train(ref, batches), train(m, batches)):
+        assert torch.equal(a, b)
+    assert_tables_equal(ref, m)
+    s = m.tier_stats()
+    assert s["bytes_read.ssd"] > 0 and s["bytes_read.ddr"] > 0
+    m.close()
+
+
+# --- crash safety ------------------------------------------------------------------------------
+CRASH_CFG = dict(tier="ssd", cache_load_factor=0.1, min_cache_rows=1, prefetch=False)
+
+
+def _crash_module(store_dir: str, resume: bool = False) -> TieredEmbeddingBags:
+    return TieredEmbeddingBags(ROWS, DIMS, EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3),
+                               seed=4, config=TierConfig(**CRASH_CFG), store_dir=store_dir,
+                               resume=resume)
+
+
+def _files(store_dir) -> list[np.ndarray]:
+    return [np.fromfile(os.path.join(store_dir, f"table_{t}.f32"), np.float32).reshape(r, -1)
+            for t, r in enumerate(ROWS)]
+
+
+def crash_child(store_dir: str, point: str, failpoint: str) -> None:
+    """Run in a subprocess: train, checkpoint (flush), train on, then die in a write-back."""
+    m = _crash_module(store_dir)
+    batches = zipf_batches(10, seed=8)
+    train(m, batches[:5], prefetch=False)
+    m.flush()  # a checkpoint
+    train(m, batches[5:9], prefetch=False)
+    os.environ[FAILPOINT_ENV] = failpoint
+    if point == "flush":
+        m.flush()
+    else:  # an eviction write-back inside the next batch's forward
+        train(m, batches[9:], prefetch=False)
+    raise SystemExit("the failpoint did not fire")
+
+
+def _reference_around(store_dir: str, point: str):
+    """Same run in this process: the table files just before and just after the write-back the
+    child dies in."""
+    m = _crash_module(store_dir)
+    batches = zipf_batches(10, seed=8)
+    train(m, batches[:5], prefetch=False)
+    m.flush()
+    train(m, batches[5:9], prefetch=False)
+    before = _files(store_dir)
+    written = m.store.transactions
+    if point == "flush":
+        m.flush()
+    else:
+        train(m, batches[9:], prefetch=False)
+    assert m.store.transactions == written + 1  # exactly one write-back happened there
+    after = _files(store_dir)
+    m.close()
+    return before, after
+
+
+@pytest.mark.parametrize("point,failpoint", [("flush", "apply"), ("evict", "journal")])
+def test_a_process_killed_mid_write_back_leaves_a_consistent_table(tmp_path, point, failpoint):
+    before, after = _reference_around(str(tmp_path / "ref"), point)
+    store = str(tmp_path / "crash")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    code = f"from tests.unit.test_tiered import crash_child; crash_child({store!r}, {point!r}, {failpoint!r})"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]  # SIGKILL, in the middle of the write-back
+    raw = _files(store)
+    if failpoint == "apply":  # the file itself was left with a torn row ...
+        torn = [t for t, (x, a, b) in enumerate(zip(raw, before, after))
+                if any(not (np.array_equal(r, p) or np.array_equal(r, q)) for r, p, q in zip(x, a, b))]
+        assert torn, "the kill should have left a half-written row in the file"
+    m = _crash_module(store, resume=True)  # ... which opening repairs from the journal
+    assert m.store.replayed == ("replayed" if failpoint == "apply" else "dropped")
+    want = after if failpoint == "apply" else before
+    for t, (w, s, x) in enumerate(zip(m.split_weights(), m.split_optimizer_states(), want)):
+        assert np.array_equal(w.numpy(), x[:, : DIMS[t]]), f"table {t}"
+        assert np.array_equal(s[0].numpy(), x[:, DIMS[t]]), f"table {t} state"
+    m.close()
+
+
+# --- RAM budget --------------------------------------------------------------------------------
+def _rss_anon() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_a_table_larger_than_the_ram_budget_trains_from_ssd(tmp_path):
+    from recscale.sharding import TableSpec, Topology, plan_sharding
+    from recscale.train.api import placements_from_plan
+
+    rows, dims = (400_000, 3000, 500), (64, 64, 64)
+    budget = 24_000_000  # bytes of RAM for embeddings; the big table alone is 104 MB
+    cfg = TierConfig(ram_budget_bytes=budget, scratch_dir=str(tmp_path), min_cache_rows=512)
+    topo = Topology.preset("cpu-local", world_size=1).with_ram_budget(budget, 1e12)
+    names = tuple(f"f{t}" for t in range(3))
+    plan = plan_sharding([TableSpec(f"t{t}", r, d, feature_names=(names[t],))
+                          for t, (r, d) in enumerate(zip(rows, dims))], topo, 512)
+    assert [plan.table(f"t{t}").tier for t in range(3)] == ["ssd", "ddr", "ddr"]
+    places = placements_from_plan(plan, names, "cpu", cfg)
+    assert [p.kind for p in places] == ["ssd", "memory", "memory"]
+
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    anon0 = _rss_anon()
+    m = build_embedding_bags(rows, dims, opt, places, cfg, seed=4)
+    batches = zipf_batches(6, rows, batch=512, seed=6)
+    got = train(m, batches)
+    anon = _rss_anon() - anon0
+    mem = m.memory_bytes()
+    table_bytes = rows[0] * (dims[0] + 1) * 4
+    assert mem["ssd"] == table_bytes > budget
+    assert mem["fast"] <= budget  # cache slots + their state + bookkeeping + in-memory tables
+    files = list(tmp_path.glob("tiered-*/table_0.f32"))
+    assert len(files) == 1 and files[0].stat().st_size == table_bytes
+    if anon0:  # anonymous memory grew by far less than the table (it sits in the file)
+        assert anon < table_bytes / 2, (anon, table_bytes)
+    assert m.tier_stats()["lookups"] > 0
+
+    ref = FusedEmbeddingBags(rows, dims, opt, seed=4)
+    for a, b in zip(train(ref, batches), got):
+        assert torch.equal(a, b)
+    assert_tables_equal(ref, m)
+    m.close()
+    assert not files[0].exists()  # the module's scratch files go with it
+
+
+def test_ram_budget_in_the_config_plans_tables_onto_ssd_and_training_matches(parquet_dataset,
+                                                                              tmp_path):
+    """train.tiers.ram_budget_bytes -> the sharding node plans the largest tables onto SSD ->
+    train_dlrm (one process) trains them there, logs tier metrics, and ends with the same model
+    as the all-in-memory run."""
+    from recscale.model import ModelConfig
+    from recscale.pipelines.sharding.nodes import plan_tables
+    from recscale.train import TrainConfig, train_dlrm
+
+    # the 26 tables hold 5.3 MB (dim 16, row-wise Adagrad): the largest go to SSD
+    tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path), "min_cache_rows": 256}
+    train_d = {"batch_size": 256, "max_steps": 8, "progress": "off", "seed": 2, "tiers": tiers}
+    model_d = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
+    plan, *_ = plan_tables(parquet_dataset, {"topology": "cpu-local"}, model_d, train_d)
+    on_ssd = [t["name"] for t in plan["tables"] if t["shards"][0]["tier"] == "ssd"]
+    assert len(on_ssd) >= 3 and plan["topology"]["ddr_bytes"] == 2_000_000
+    with pytest.raises(ConfigError, match=r"train.tiers.ram_budget_bytes=0"):
+        plan_tables(parquet_dataset, {}, model_d, {**train_d, "tiers": {"ram_budget_bytes": 0}})
+
+    model_cfg = parse(ModelConfig, model_d, "model")
+    tiered_run = train_dlrm(parquet_dataset, model_cfg, parse(TrainConfig, train_d, "train"), plan)
+    memory_run = train_dlrm(parquet_dataset, model_cfg,
+                            parse(TrainConfig, {**train_d, "tiers": {}}, "train"), None)
+    extra = tiered_run.result.extra
+    assert extra["tiers.lookups"] > 0 and 0 < extra["tiers.hit_rate"] <= 1
+    assert extra["tiers.bytes_read.ssd"] > 0 and extra["tiers.prefetch_seconds"] > 0
+    a, b = tiered_run.model.state_dict(), memory_run.model.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert not list(tmp_path.glob("tiered-*"))  # scratch files released after training
+
+
+def test_a_prefetch_that_does_not_fit_is_skipped_and_the_batch_still_trains():
+    """Small batches (120 rows) alternate with large ones (190 rows, 60 shared with the small
+    one before) in a cache of 200: the large batch's rows cannot join the small one's, so
+    prefetch gives up, pinning no row, and the forward loads them itself."""
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    perm = torch.from_numpy(np.random.default_rng(0).permutation(2000))
+    batches = []
+    for j in range(4):
+        small, large = perm[j * 250: j * 250 + 120], perm[j * 250 + 60: j * 250 + 250]
+        for ids in (small, large):
+            batches.append(SparseFeatures(("a",), ids, torch.ones(1, ids.numel(), dtype=torch.int64)))
+    ref = FusedEmbeddingBags([2000], [8], opt, seed=1)
+    m = TieredEmbeddingBags([2000], [8], opt, seed=1, config=TierConfig(
+        tier="ddr", cache_load_factor=0.1, min_cache_rows=1))
+    for a, b in zip(train(ref, batches), train(m, batches)):
+        assert torch.equal(a, b)
+    assert m.tier_stats()["prefetch_skipped"] > 0 and m.tier_stats()["evictions"] > 0
+    assert_tables_equal(ref, m)
