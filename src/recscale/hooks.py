@@ -1,5 +1,7 @@
-"""Project hooks: check the MLflow store before anything runs, quiet third-party loggers and tag
-each MLflow run with its Kedro environment."""
+"""Project hooks: check the MLflow store before anything runs; quiet third-party loggers; tag
+each MLflow run with its Kedro environment, the pipeline and the ``--params`` given on the command
+line, and name it after them, so sweeps over environments and ``--params`` loops line up side by
+side in the MLflow UI."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import urllib.request
 from urllib.parse import urlparse
 
 from kedro.framework.hooks import hook_impl
+
+from recscale.config import flatten
 
 
 class TrackingStoreUnreachable(RuntimeError):
@@ -72,11 +76,24 @@ class RecscaleHooks:
             import mlflow
 
             if mlflow.active_run() is not None:
-                names = run_params.get("pipeline_names") or [run_params.get("pipeline_name")]
-                mlflow.set_tags({"kedro.env": run_params.get("env") or "local",
-                                 "kedro.pipeline": ",".join(n for n in names if n) or "__default__"})
+                mlflow.set_tags(run_tags(run_params))
         except Exception:  # tracking must never break a run from a hook
             logging.getLogger(__name__).debug("could not tag the MLflow run", exc_info=True)
+
+
+def run_tags(run_params: dict) -> dict[str, str]:
+    """MLflow tags of a ``kedro run``: env, pipeline, runtime params and a readable run name
+    (``<pipeline> @ <env> [k=v ...]``)."""
+    names = run_params.get("pipeline_names") or [run_params.get("pipeline_name")]
+    pipeline = ",".join(n for n in names if n) or "__default__"
+    env = run_params.get("env") or "local"
+    extra = flatten(run_params.get("runtime_params") or {})
+    given = ",".join(f"{k}={v}" for k, v in sorted(extra.items()))
+    tags = {"kedro.env": env, "kedro.pipeline": pipeline,
+            "mlflow.runName": " ".join(x for x in (f"{pipeline} @ {env}", given) if x)[:250]}
+    if given:
+        tags["kedro.runtime_params"] = given[:5000]
+    return tags
 
 
 class TrackingStoreCheck:

@@ -1,8 +1,9 @@
-"""Project pipelines: ``dlrm`` = data_processing + sharding + training + evaluation (the default)."""
+"""Project pipelines: ``dlrm`` = data_processing + sharding + training + evaluation (the default);
+``dlrm_retrain`` = scheduled retraining on new daily partitions; ``synthetic_day`` writes one."""
 
 from kedro.pipeline import Pipeline
 
-from recscale.pipelines import data_processing, evaluation, hf, sharding, training
+from recscale.pipelines import data_processing, evaluation, hf, retrain, sharding, training
 
 
 def register_pipelines() -> dict[str, Pipeline]:
@@ -19,5 +20,7 @@ def register_pipelines() -> dict[str, Pipeline]:
         "dlrm": dlrm,
         "hf": hf.create_pipeline(),
         "hf_speech": hf.create_speech_pipeline(),
+        "dlrm_retrain": retrain.create_pipeline(),
+        "synthetic_day": retrain.create_synthetic_day_pipeline(),
         "__default__": dlrm,
     }

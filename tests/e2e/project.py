@@ -9,11 +9,20 @@ from pathlib import Path
 from tests.conftest import PROJECT_ROOT
 
 
-def make_project_copy(tmp_path: Path) -> Path:
+def make_project_copy(tmp_path: Path, base_sizes_from: str | None = None) -> Path:
+    """``base_sizes_from="test"``: conf/test's parameters merged into conf/base of the copy (key
+    by key, as the soft merge does), so any other env (sweeps) runs at toy size too."""
     proj = tmp_path / "proj"
     proj.mkdir()
     shutil.copytree(PROJECT_ROOT / "conf", proj / "conf",
                     ignore=shutil.ignore_patterns("credentials*"))
+    shutil.copytree(PROJECT_ROOT / "pipelines", proj / "pipelines")  # run configs (--config)
+    if base_sizes_from:
+        from omegaconf import OmegaConf
+
+        for f in (proj / "conf" / base_sizes_from).glob("parameters*.yml"):
+            base = proj / "conf" / "base" / f.name
+            OmegaConf.save(OmegaConf.merge(OmegaConf.load(base), OmegaConf.load(f)), base)
     for f in ("pyproject.toml", ".telemetry"):
         shutil.copy(PROJECT_ROOT / f, proj / f)
     (proj / "src").mkdir()  # kedro checks it exists; recscale itself is the installed package

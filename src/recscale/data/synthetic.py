@@ -192,9 +192,11 @@ class PlantedModel:
                 "sparse_present": sparse_present}
         return cols, logit
 
-    def block(self, index: int, n: int) -> tuple[CriteoBlock, np.ndarray]:
-        """Rows of generation block ``index`` -> (rows, true click probabilities)."""
-        rng = np.random.default_rng([self.cfg.seed, 1, index])
+    def block(self, index: int, n: int, day: int = 0) -> tuple[CriteoBlock, np.ndarray]:
+        """Rows of generation block ``index`` of ``day`` -> (rows, true click probabilities).
+        Every day draws fresh rows from the same planted model (day 0 = the original stream)."""
+        rng = np.random.default_rng([self.cfg.seed, 1, index] if day == 0
+                                    else [self.cfg.seed, 1, index, day])
         cols, logit = self.sample(rng, n)
         prob = _sigmoid(logit + self.bias)
         label = (rng.random(n) < prob).astype(np.int8)
@@ -237,18 +239,22 @@ def generate_criteo_tsv(
     path: str | os.PathLike,
     progress: Callable[[int], None] | None = None,
     reuse: bool = True,
+    day: int = 0,
 ) -> SyntheticReport:
     """Write ``cfg.num_rows`` rows of Criteo TSV to ``path`` and the true probabilities beside it.
 
     With ``reuse``, a file already generated from the same config (same fingerprint in its
     ``.meta.json``) is kept as it is. ``progress`` is called with the rows written so far.
+    ``day`` > 0 draws that day's rows from the same planted model (one file per day, as Criteo
+    ships them; the oracle AUC stays the ceiling of every day).
     """
     if not isinstance(cfg, SyntheticConfig):
         raise ConfigError(f"expected a SyntheticConfig, got {type(cfg).__name__}")
+    check(isinstance(day, int) and day >= 0, "day", day, "an integer >= 0")
     path = Path(path)
     meta_path = path.with_name(path.name + ".meta.json")
     oracle_path = path.with_name(path.name + ".oracle.npy")
-    fp = cfg.fingerprint()
+    fp = cfg.fingerprint() + (f"-day{day}" if day else "")
     if reuse and meta_path.exists() and path.exists() and oracle_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("fingerprint") == fp:
@@ -269,7 +275,7 @@ def generate_criteo_tsv(
         for b in range(n_blocks):
             start = b * BLOCK_ROWS
             n = min(BLOCK_ROWS, cfg.num_rows - start)
-            blk, prob = model.block(b, n)
+            blk, prob = model.block(b, n, day)
             fh.write(encode_tsv(blk))
             oracle[start : start + n] = prob
             labels[start : start + n] = blk.label

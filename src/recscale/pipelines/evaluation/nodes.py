@@ -1,13 +1,16 @@
-"""Thin evaluation node: rebuild the model from the resolved config, score a split."""
+"""Thin evaluation node: rebuild the model from the resolved config, score a split, draw its
+ROC (AUC) and calibration pictures."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from recscale.config import parse
+from recscale.evaluate import plots
+from recscale.evaluate.scoring import metrics_with_oracle, score_split
 from recscale.model import ModelConfig
 from recscale.pipelines.common import as_metrics
-from recscale.train import TrainConfig, build_model_for, evaluate_dlrm
+from recscale.train import TrainConfig, build_model_for
 
 
 def evaluate_model(model_state: dict, resolved_config: dict, dataset_manifest: dict,
@@ -21,6 +24,10 @@ def evaluate_model(model_state: dict, resolved_config: dict, dataset_manifest: d
     model = build_model_for(dataset_manifest, model_cfg, train_cfg)
     model.load_state_dict(model_state)
     oracle = np.load(raw_manifest["oracle_path"], mmap_mode="r") if "oracle_path" in raw_manifest else None
-    metrics = evaluate_dlrm(model, dataset_manifest, split, train_cfg.eval_batch_size, oracle)
+    labels, probs, rows = score_split(model, dataset_manifest, split, train_cfg.eval_batch_size)
+    metrics = metrics_with_oracle(labels, probs, rows, oracle)
     report = {"split": split, **metrics}
-    return as_metrics(metrics), report
+    scored = {"model": (labels, probs)}
+    figures = {"roc.png": plots.roc_figure(scored, f"ROC on the {split} split"),
+               "calibration.png": plots.calibration_figure(scored, title=f"calibration, {split} split")}
+    return as_metrics(metrics), report, figures

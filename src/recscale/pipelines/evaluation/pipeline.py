@@ -9,6 +9,6 @@ def create_pipeline(**kwargs) -> Pipeline:
             Node(evaluate_model,
                  ["model_state", "resolved_config", "dataset_manifest", "raw_manifest",
                   "params:evaluate"],
-                 ["evaluation_metrics", "evaluation_report"], name="evaluate"),
+                 ["evaluation_metrics", "evaluation_report", "evaluation_plots"], name="evaluate"),
         ]
     )

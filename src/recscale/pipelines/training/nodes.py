@@ -9,6 +9,7 @@ import torch
 from recscale import __version__
 from recscale.comm.codecs import CommsConfig
 from recscale.config import parse, to_dict
+from recscale.evaluate import plots
 from recscale.model import ModelConfig
 from recscale.pipelines.common import as_metrics
 from recscale.train import TrainConfig, train_dlrm
@@ -44,4 +45,6 @@ def train_model(dataset_manifest: dict, sharding_plan: dict, model_params: dict,
         "throughput_samples_per_s": r.samples_per_s, "steps": r.steps, "samples": r.samples,
         "step_seconds": r.step_seconds, "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
     })
-    return out.model.state_dict(), r.history, metrics, resolved
+    figures = {"loss.png": plots.loss_figure(r.history),
+               "throughput.png": plots.throughput_figure(r.history)}
+    return out.model.state_dict(), r.history, metrics, resolved, figures

@@ -8,7 +8,8 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             Node(train_model, ["dataset_manifest", "sharding_plan", "params:model", "params:train",
                                  "params:comms"],
-                 ["model_state", "training_history", "training_metrics", "resolved_config"],
+                 ["model_state", "training_history", "training_metrics", "resolved_config",
+                  "training_plots"],
                  name="train"),
         ]
     )

@@ -1,0 +1,52 @@
+"""The registered DLRM as an MLflow pyfunc ("models from code": MLflow stores this file, not a
+pickle). Input: a DataFrame in the preprocessed parquet schema (I1..I13 float32 = log1p of the
+counts, C1..C26 hashed ids, null = missing); output: click probabilities. Weights are loaded with
+``torch.load(weights_only=True)``.
+
+    model = mlflow.pyfunc.load_model("models:/recscale-dlrm@champion")
+    probs = model.predict(pd.read_parquet("data/05_model_input/retrain/test/part-00000.parquet"))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+
+class DLRMPyfunc(PythonModel):
+    def load_context(self, context) -> None:
+        import torch
+
+        from recscale.config import parse
+        from recscale.model import ModelConfig
+        from recscale.train import TrainConfig, build_model_for
+
+        cfg = json.loads(Path(context.artifacts["resolved_config"]).read_text())
+        model = build_model_for({"table_sizes": cfg["table_sizes"]},
+                                parse(ModelConfig, cfg["model"], "model"),
+                                parse(TrainConfig, cfg["train"], "train"))
+        model.load_state_dict(torch.load(context.artifacts["state_dict"], map_location="cpu",
+                                         weights_only=True))
+        self.model = model.eval()
+
+    def predict(self, context, model_input, params=None):
+        import numpy as np
+        import torch
+
+        from recscale.data.criteo import DENSE_NAMES, SPARSE_NAMES
+        from recscale.data.loader import Columns, to_batch
+
+        n = len(model_input)
+        sparse = model_input[list(SPARSE_NAMES)]
+        cols = Columns(row=np.arange(n, dtype=np.int64), label=np.zeros(n, np.float32),
+                       dense=model_input[list(DENSE_NAMES)].to_numpy(np.float32),
+                       ids=sparse.fillna(0).to_numpy(np.int64), present=sparse.notna().to_numpy())
+        batch = to_batch(cols)
+        with torch.no_grad():
+            return torch.sigmoid(self.model(batch.dense, batch.sparse)).numpy().astype(np.float64)
+
+
+mlflow.models.set_model(DLRMPyfunc())

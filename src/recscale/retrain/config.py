@@ -1,0 +1,50 @@
+"""Typed ``retrain`` parameter block."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from recscale.config import check, check_choice
+
+WARM_START_SOURCES = ("latest", "champion")
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    # where new raw partitions land: one Criteo TSV per day, consumed in natural name order
+    landing_dir: str = "data/01_raw/daily"
+    pattern: str = "day_*.tsv"
+    # JSON ledger of the partitions already trained on (written atomically after registration)
+    ledger: str = "data/02_intermediate/retrain_ledger.json"
+    # parquet of the partitions being consumed (replaced on each retrain)
+    work_dir: str = "data/05_model_input/retrain"
+    # the last retrained model (state_dict + resolved config): the "latest" warm-start source
+    model_dir: str = "data/06_models/retrain"
+    # warm-start sources tried in order; [] = always start cold
+    warm_start: tuple[str, ...] = ("latest", "champion")
+    # at most this many new partitions per run, oldest first (null = all of them)
+    max_partitions: int | None = None
+    # last fraction of the newest partition held out: challenger and champion are scored on it
+    eval_fraction: float = 0.1
+    registered_model: str = "recscale-dlrm"
+    alias: str = "champion"
+    # the challenger takes the alias when its AUC >= the champion's AUC + min_auc_gain
+    min_auc_gain: float = 0.0
+
+    def validate(self, prefix: str = "retrain") -> None:
+        for i, s in enumerate(self.warm_start):
+            check_choice(f"{prefix}.warm_start[{i}]", s, WARM_START_SOURCES)
+        check(len(set(self.warm_start)) == len(self.warm_start), f"{prefix}.warm_start",
+              list(self.warm_start), "each source at most once")
+        check(self.max_partitions is None or self.max_partitions >= 1, f"{prefix}.max_partitions",
+              self.max_partitions, "null or a positive integer")
+        check(0 < self.eval_fraction < 1, f"{prefix}.eval_fraction", self.eval_fraction,
+              "a fraction in (0, 1)")
+        check(bool(self.registered_model.strip()), f"{prefix}.registered_model",
+              self.registered_model, "a non-empty model name")
+        check(re.fullmatch(r"[A-Za-z_][\w-]*", self.alias) is not None
+              and re.fullmatch(r"[vV]\d+|latest", self.alias) is None, f"{prefix}.alias",
+              self.alias, "a name of letters, digits, _ or - (MLflow reserves 'latest' and v<N>)")
+        check(self.min_auc_gain >= -1 and self.min_auc_gain <= 1, f"{prefix}.min_auc_gain",
+              self.min_auc_gain, "a number in [-1, 1]")

@@ -1,0 +1,119 @@
+"""Where a retrain starts from, and training from that state.
+
+A warm-start source is a function that returns a ``WarmStart`` (a state_dict and the resolved
+config it was trained with) or None when it has nothing. ``first_warm_start`` tries sources in
+order. ``state_dict_file_source`` reads the previous retrain's model file; the MLflow champion
+source lives on the Kedro side (recscale.pipelines.retrain) because the library never imports
+MLflow. A checkpoint directory (issue 9) plugs in as one more source function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from recscale.config import ConfigError
+from recscale.model import ModelConfig
+from recscale.train import TrainConfig
+from recscale.train.api import TrainOutcome, build_model_for
+from recscale.train.loop import resolve_device, set_threads, train_epochs
+
+log = logging.getLogger(__name__)
+
+LATEST_FILE = "latest.pt"
+
+
+@dataclass
+class WarmStart:
+    source: str  # "latest", "champion", ... or "cold"
+    state: dict[str, torch.Tensor] | None = None
+    config: dict = field(default_factory=dict)  # resolved config: model, train, table_sizes
+    detail: str = ""
+
+    @property
+    def table_sizes(self) -> list[int] | None:
+        return self.config.get("table_sizes")
+
+
+WarmStartSource = Callable[[], "WarmStart | None"]
+
+
+def first_warm_start(sources: Sequence[tuple[str, WarmStartSource]]) -> WarmStart:
+    """The first source that has a model, else a cold start."""
+    for name, fn in sources:
+        ws = fn()
+        if ws is not None:
+            log.info("warm start from %s: %s", name, ws.detail)
+            return ws
+        log.info("warm-start source %s has no model", name)
+    return WarmStart("cold", detail="no warm-start source had a model: training from scratch")
+
+
+def save_latest(model_dir: str | os.PathLike, state: dict, resolved_config: dict, **info) -> Path:
+    """One file holding the state_dict and its resolved config, replaced atomically."""
+    path = Path(model_dir) / LATEST_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"state_dict": {k: v.detach().cpu() for k, v in state.items()},
+                "resolved_config": json.dumps(resolved_config), "info": json.dumps(info)}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def state_dict_file_source(model_dir: str | os.PathLike) -> WarmStartSource:
+    """The model ``save_latest`` wrote in ``model_dir`` (the previous retrain's)."""
+    def load() -> WarmStart | None:
+        path = Path(model_dir) / LATEST_FILE
+        if not path.exists():
+            return None
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        info = json.loads(blob.get("info", "{}"))
+        return WarmStart("latest", blob["state_dict"], json.loads(blob["resolved_config"]),
+                         f"{path} ({', '.join(f'{k} {v}' for k, v in info.items()) or 'no info'})")
+    return load
+
+
+def train_warm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+               warm: WarmStart | None = None) -> TrainOutcome:
+    """Train on the manifest's train split starting from ``warm.state`` (single process).
+
+    The dense optimizer and the fused embedding optimizer's row state start fresh: a state_dict
+    holds weights only."""
+    if train_cfg.world_size != 1:
+        raise ConfigError(f"train.world_size={train_cfg.world_size} is not allowed in dlrm_retrain: "
+                          "expected 1 (warm-starting the sharded runtime waits for checkpoints)")
+    device = resolve_device(train_cfg.device)
+    threads = set_threads(train_cfg.num_threads)
+    model = build_model_for(manifest, model_cfg, train_cfg, device)
+    if warm is not None and warm.state is not None:
+        if warm.table_sizes is not None and list(warm.table_sizes) != list(manifest["table_sizes"]):
+            raise ValueError(f"warm start from {warm.source} has table sizes {warm.table_sizes} "
+                             f"but the data has {manifest['table_sizes']}")
+        try:
+            model.load_state_dict(warm.state)
+        except RuntimeError as exc:
+            raise ValueError(f"the {warm.source} model does not fit model={model_cfg}: {exc}. "
+                             "Change the model back, or set retrain.warm_start: [] to start "
+                             "cold") from None
+    from recscale.data.loader import LoaderConfig, count_rows, make_loader
+
+    files = manifest["splits"]["train"]["files"]
+    rows = count_rows(files)
+    if rows == 0:
+        raise ValueError("the train split of the new partitions is empty")
+    loader_cfg = LoaderConfig(batch_size=train_cfg.batch_size, reader_workers=train_cfg.reader_workers,
+                              prefetch=train_cfg.prefetch, pin_memory=device.type == "cuda")
+    result = train_epochs(model, None, train_cfg, make_epoch=lambda: make_loader(files, loader_cfg),
+                          total_steps=-(-rows // train_cfg.batch_size) * train_cfg.epochs,
+                          device=device)
+    expected = rows * train_cfg.epochs
+    if train_cfg.max_steps is None and result.samples != expected:
+        raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
+                           f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
+    return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
