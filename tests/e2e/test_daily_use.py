@@ -130,7 +130,9 @@ def test_retrain_day1_then_day2_registers_two_versions_and_champion_follows_the_
     assert tags["retrain.eval_data"].endswith("of day_02.tsv")  # both scored on the newest day
     assert s2["alias"] == (2 if new >= champ else 1)
     assert tags["retrain.promoted"] == str(new >= champ).lower()
-    assert "warm start from latest" in res2.stderr  # day 2 continued from day 1's model
+    # day 2 continued from day 1's checkpoint: its weights and optimizer state
+    assert "warm start from checkpoint" in res2.stderr
+    assert "initialised from checkpoint" in res2.stderr
     ledger = json.loads(s2["ledger"])
     assert [e["partition"] for e in ledger["consumed"]] == ["day_01.tsv", "day_02.tsv"]
     assert [e["model_version"] for e in ledger["consumed"]] == [1, 2]

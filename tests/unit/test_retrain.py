@@ -89,7 +89,7 @@ def test_promotion_rule_compares_on_the_same_rows_with_the_required_gain():
 
 
 def test_retrain_config_errors_name_the_key_value_and_what_is_allowed():
-    with pytest.raises(ConfigError, match=r"retrain.warm_start\[1\]='newest'.*'latest', 'champion'"):
+    with pytest.raises(ConfigError, match=r"retrain.warm_start\[1\]='newest'.*'checkpoint', 'latest', 'champion'"):
         parse(RetrainConfig, {"warm_start": ["latest", "newest"]}, "retrain")
     with pytest.raises(ConfigError, match="retrain.alias='v3' is not allowed"):
         parse(RetrainConfig, {"alias": "v3"}, "retrain")

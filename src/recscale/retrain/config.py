@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from recscale.config import check, check_choice
 
-WARM_START_SOURCES = ("latest", "champion")
+WARM_START_SOURCES = ("checkpoint", "latest", "champion")
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class RetrainConfig:
     # the last retrained model (state_dict + resolved config): the "latest" warm-start source
     model_dir: str = "data/06_models/retrain"
     # warm-start sources tried in order; [] = always start cold
-    warm_start: tuple[str, ...] = ("latest", "champion")
+    warm_start: tuple[str, ...] = ("checkpoint", "latest", "champion")
     # at most this many new partitions per run, oldest first (null = all of them)
     max_partitions: int | None = None
     # last fraction of the newest partition held out: challenger and champion are scored on it

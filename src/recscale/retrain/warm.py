@@ -35,6 +35,7 @@ class WarmStart:
     state: dict[str, torch.Tensor] | None = None
     config: dict = field(default_factory=dict)  # resolved config: model, train, table_sizes
     detail: str = ""
+    checkpoint: str | None = None  # a checkpoint directory: weights and optimizer state
 
     @property
     def table_sizes(self) -> list[int] | None:
@@ -79,12 +80,41 @@ def state_dict_file_source(model_dir: str | os.PathLike) -> WarmStartSource:
     return load
 
 
-def train_warm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-               warm: WarmStart | None = None) -> TrainOutcome:
-    """Train on the manifest's train split starting from ``warm.state`` (single process).
+def checkpoint_source(checkpoint_dir: str | os.PathLike) -> WarmStartSource:
+    """The newest checkpoint under ``checkpoint_dir`` (previous retrains write theirs there):
+    weights and the embedding and dense optimizers' state, unlike a state_dict."""
+    def load() -> WarmStart | None:
+        from recscale.train.checkpoint import list_checkpoints, read_manifest
 
-    The dense optimizer and the fused embedding optimizer's row state start fresh: a state_dict
-    holds weights only."""
+        found = list_checkpoints(str(checkpoint_dir), all_runs=True)
+        if not found:
+            return None
+        manifest = read_manifest(found[0])
+        fp = manifest.get("fingerprint", {})
+        return WarmStart("checkpoint", None, {"table_sizes": fp.get("table_sizes"),
+                                              "model": fp.get("model")},
+                         f"{found[0]} (step {manifest['step']} of run {manifest['run_id']})",
+                         checkpoint=found[0])
+    return load
+
+
+def train_warm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+               warm: WarmStart | None = None, checkpoint_dir: str | None = None) -> TrainOutcome:
+    """Train on the manifest's train split starting from ``warm`` (single process).
+
+    From a checkpoint, the run starts with its weights and optimizer state; from a state_dict
+    (``latest``, ``champion``) the optimizers start fresh. With ``checkpoint_dir`` the run writes
+    its own checkpoints there (the next retrain's ``checkpoint`` source)."""
+    import dataclasses
+
+    from recscale.train.api import new_run_id
+    from recscale.train.checkpoint import model_fingerprint
+
+    ck = train_cfg.checkpoint
+    ck = dataclasses.replace(ck, dir=str(checkpoint_dir) if checkpoint_dir else ck.dir,
+                             resume="never",
+                             init_from=warm.checkpoint if warm is not None else None)
+    train_cfg = dataclasses.replace(train_cfg, checkpoint=ck)
     if train_cfg.world_size != 1:
         raise ConfigError(f"train.world_size={train_cfg.world_size} is not allowed in dlrm_retrain: "
                           "expected 1 (warm-starting the sharded runtime waits for checkpoints)")
@@ -111,7 +141,8 @@ def train_warm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                               prefetch=train_cfg.prefetch, pin_memory=device.type == "cuda")
     result = train_epochs(model, None, train_cfg, make_epoch=lambda: make_loader(files, loader_cfg),
                           total_steps=-(-rows // train_cfg.batch_size) * train_cfg.epochs,
-                          device=device)
+                          device=device, run_id=new_run_id(),
+                          fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
     expected = rows * train_cfg.epochs
     if train_cfg.max_steps is None and result.samples != expected:
         raise RuntimeError(f"trained on {result.samples} samples but the train split holds "

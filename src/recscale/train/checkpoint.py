@@ -58,6 +58,9 @@ class CheckpointConfig:
     # latest: the newest valid checkpoint under dir, of any run (continue a stopped job, or
     # reshard it to another world size); never; or the path of one step directory
     resume: str = "restart"
+    # a checkpoint (step directory) whose model and optimizer state start this run when there is
+    # nothing to resume: a warm start on new data, counters and data position from zero
+    init_from: str | None = None
 
     def validate(self, prefix: str = "train.checkpoint") -> None:
         check(self.every_steps >= 0, f"{prefix}.every_steps", self.every_steps, ">= 0 (0: at the end only)")
@@ -358,6 +361,27 @@ class Checkpointer:
         if refused and self.rank == 0:
             log.error("every checkpoint of this run was refused; training starts from step 0")
         return None
+
+    def init_from_checkpoint(self, targets: Sequence[LocalShard], dense: torch.nn.Module,
+                             opt: torch.optim.Optimizer | None) -> str | None:
+        """``init_from``: load that checkpoint's tables, dense layers and optimizer state (any
+        world size or plan), but none of its progress. -> its path, or None when unset."""
+        path = self.cfg.init_from
+        if not path:
+            return None
+        if self.rank == 0 or not _distributed(self.group):
+            manifest = read_manifest(path)
+            check_fingerprint(path, manifest, self.fingerprint)
+            verify_files(path, manifest, hashes=True)
+        if _distributed(self.group):
+            dist.barrier(group=self.group)
+        manifest = read_manifest(path)
+        load_shards(path, manifest, targets)
+        load_dense(path, manifest, dense, opt)
+        if self.rank == 0:
+            log.info("initialised from checkpoint %s (step %d of run %s): model and optimizer "
+                     "state, counters from zero", path, manifest["step"], manifest["run_id"])
+        return path
 
     # ----------------------------------------------------------------------------- choosing
     def candidates(self) -> list[str]:

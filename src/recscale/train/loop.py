@@ -174,6 +174,9 @@ def train_epochs(
                             "one process; epoch %d restarts from its first row", path,
                             m["world_size"], start_epoch + 1)
             log.info("resumed from %s at step %d", path, res.steps)
+        elif ckpt.init_from_checkpoint(model_shards(model), model._dense(), opt):
+            after_load([model.embeddings])
+            res.extra["initialised_from_checkpoint"] = 1.0
     total = min(total_steps or limit or 0, limit or total_steps or 0) or None
     interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0
     t_wall = time.perf_counter()

@@ -178,6 +178,8 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
         ckpt = Checkpointer(train_cfg.checkpoint, run_id, ctx.rank, ctx.world_size,
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
         got = ckpt.restore(embedding_shards(emb), model._dense(), opt)
+        if got is None and ckpt.init_from_checkpoint(embedding_shards(emb), model._dense(), opt):
+            after_load([emb])
         if got is not None:
             path, m = got
             after_load([emb])

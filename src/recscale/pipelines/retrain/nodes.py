@@ -34,7 +34,7 @@ from recscale.retrain import (
     state_dict_file_source,
     train_warm,
 )
-from recscale.retrain.warm import save_latest
+from recscale.retrain.warm import checkpoint_source, save_latest
 from recscale.train import TrainConfig, build_model_for
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ def resolve_warm_start(batch: dict, retrain_params: dict) -> dict:
     from recscale.pipelines.retrain.registry import champion_source
 
     cfg = parse(RetrainConfig, retrain_params, "retrain")
-    sources = {"latest": lambda: state_dict_file_source(cfg.model_dir),
+    sources = {"checkpoint": lambda: checkpoint_source(f"{cfg.model_dir}/checkpoints"),
+               "latest": lambda: state_dict_file_source(cfg.model_dir),
                "champion": lambda: champion_source(cfg.registered_model, cfg.alias)}
     return {"warm": first_warm_start([(s, sources[s]()) for s in cfg.warm_start])}
 
@@ -109,13 +110,15 @@ def _cardinalities(files: list[str]) -> list[int] | None:
     return cards[0] if cards and all(c == cards[0] for c in cards) else None
 
 
-def train_challenger(manifest: dict, warm: dict, model_params: dict, train_params: dict):
+def train_challenger(manifest: dict, warm: dict, model_params: dict, train_params: dict,
+                     retrain_params: dict):
     if _skipped(manifest):
         return SKIPPED, {}
     model_cfg = parse(ModelConfig, model_params, "model")
     train_cfg = parse(TrainConfig, train_params, "train")
     ws: WarmStart = warm["warm"]
-    out = train_warm(manifest, model_cfg, train_cfg, ws)
+    cfg = parse(RetrainConfig, retrain_params, "retrain")
+    out = train_warm(manifest, model_cfg, train_cfg, ws, checkpoint_dir=f"{cfg.model_dir}/checkpoints")
     r = out.result
     resolved = {"model": to_dict(model_cfg), "train": to_dict(train_cfg),
                 "table_sizes": list(out.table_sizes),
