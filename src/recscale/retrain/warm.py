@@ -22,7 +22,7 @@ from recscale.config import ConfigError
 from recscale.model import ModelConfig
 from recscale.train import TrainConfig
 from recscale.train.api import TrainOutcome, build_model_for
-from recscale.train.loop import resolve_device, set_threads, train_epochs
+from recscale.train.loop import resolve_device, set_threads
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,7 @@ def train_warm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     its own checkpoints there (the next retrain's ``checkpoint`` source)."""
     import dataclasses
 
-    from recscale.train.api import new_run_id
-    from recscale.train.checkpoint import model_fingerprint
+    from recscale.train.api import train_in_process
 
     ck = train_cfg.checkpoint
     ck = dataclasses.replace(ck, dir=str(checkpoint_dir) if checkpoint_dir else ck.dir,
@@ -131,20 +130,5 @@ def train_warm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
             raise ValueError(f"the {warm.source} model does not fit model={model_cfg}: {exc}. "
                              "Change the model back, or set retrain.warm_start: [] to start "
                              "cold") from None
-    from recscale.data.loader import LoaderConfig, count_rows, make_loader
-
-    files = manifest["splits"]["train"]["files"]
-    rows = count_rows(files)
-    if rows == 0:
-        raise ValueError("the train split of the new partitions is empty")
-    loader_cfg = LoaderConfig(batch_size=train_cfg.batch_size, reader_workers=train_cfg.reader_workers,
-                              prefetch=train_cfg.prefetch, pin_memory=device.type == "cuda")
-    result = train_epochs(model, None, train_cfg, make_epoch=lambda: make_loader(files, loader_cfg),
-                          total_steps=-(-rows // train_cfg.batch_size) * train_cfg.epochs,
-                          device=device, run_id=new_run_id(),
-                          fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
-    expected = rows * train_cfg.epochs
-    if train_cfg.max_steps is None and result.samples != expected:
-        raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
-                           f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
+    result = train_in_process(model, manifest, model_cfg, train_cfg, device)
     return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))

@@ -91,22 +91,29 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     placements = placements_from_plan(plan, manifest["sparse_features"], device.type,
                                       train_cfg.tiers)
     model = build_model_for(manifest, model_cfg, train_cfg, device, placements)
+    result = train_in_process(model, manifest, model_cfg, train_cfg, device)
+    if placements is not None:  # an ordinary in-memory CPU model, whatever trained it
+        model = _in_memory_copy(model, manifest, model_cfg, train_cfg, "cpu")
+    elif device.type != "cpu":  # the outcome is a CPU model, whatever device trained it
+        model = to_cpu_model(model, manifest, model_cfg, train_cfg)
+    return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
+
+
+def train_in_process(model: DLRM, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                     device: torch.device) -> TrainResult:
+    """Train ``model`` in this process on the manifest's train split (checkpoints as
+    ``train.checkpoint`` says) and check that every row was trained on, once per epoch."""
     files = manifest["splits"]["train"]["files"]
     rows = count_rows(files)
     if rows == 0:
         raise ValueError("the train split is empty: check preprocess.splits and the input data")
     loader_cfg = LoaderConfig(batch_size=train_cfg.batch_size, reader_workers=train_cfg.reader_workers,
                               prefetch=train_cfg.prefetch, pin_memory=device.type == "cuda")
-    steps_per_epoch = -(-rows // train_cfg.batch_size)
     result = train_epochs(
         model, None, train_cfg, make_epoch=lambda: make_loader(files, loader_cfg),
-        total_steps=steps_per_epoch * train_cfg.epochs, device=device, run_id=new_run_id(),
-        fingerprint=model_fingerprint(manifest, model_cfg, train_cfg),
+        total_steps=-(-rows // train_cfg.batch_size) * train_cfg.epochs, device=device,
+        run_id=new_run_id(), fingerprint=model_fingerprint(manifest, model_cfg, train_cfg),
     )
-    if placements is not None:  # an ordinary in-memory CPU model, whatever trained it
-        model = _in_memory_copy(model, manifest, model_cfg, train_cfg, "cpu")
-    elif device.type != "cpu":  # the outcome is a CPU model, whatever device trained it
-        model = to_cpu_model(model, manifest, model_cfg, train_cfg)
     expected = rows * train_cfg.epochs
     if result.extra.get("resharded"):
         log.warning("resumed from a checkpoint of another world size: the interrupted epoch was "
@@ -114,7 +121,7 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     elif train_cfg.max_steps is None and result.samples != expected:
         raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
                            f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
-    return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
+    return result
 
 
 def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
