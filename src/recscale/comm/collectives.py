@@ -127,8 +127,36 @@ def all_to_all_1d(x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequ
     return _a2a(x, send, recv, group, stats, name)
 
 
-def _encoded_a2a(x, send_shapes, recv_shapes, codec, group, stats, name, scale=1.0):
-    """float32 flat ``x`` holding row blocks ``send_shapes`` -> flat float32 of ``recv_shapes``."""
+class PendingEncoded:
+    """An encoded all-to-all in flight; ``wait()`` decodes what arrived to float32, flat."""
+
+    def __init__(self, pending: PendingAllToAll, recv_shapes, recv, codec, name, scale, like):
+        self.pending, self.recv_shapes, self.recv = pending, recv_shapes, recv
+        self.codec, self.name, self.scale, self.like = codec, name, scale, like
+
+    def wait(self) -> torch.Tensor:
+        got = self.pending.wait()
+        out, off = [], 0
+        for (rows, cols), n in zip(self.recv_shapes, self.recv):
+            if rows == 0:
+                continue
+            dec = self.codec.decode(got[off: off + n].view(rows, self.codec.row_bytes(cols)), cols)
+            off += n
+            out.append(dec.reshape(-1))
+        y = torch.cat(out) if out else self.like.new_zeros(0)
+        if self.scale != 1.0:
+            y = y / self.scale
+            if not torch.isfinite(y).all():
+                raise FloatingPointError(
+                    f"{self.name}: non-finite values after {self.codec.name} encoding with loss "
+                    f"scale {self.scale}; lower comms.loss_scale or use bf16 for the backward "
+                    "direction")
+        return y
+
+
+def _encoded_a2a_start(x, send_shapes, recv_shapes, codec, group, stats, name,
+                       scale=1.0) -> PendingEncoded:
+    """Encode row blocks ``send_shapes`` of float32 flat ``x`` and start their all-to-all."""
     pieces, off = [], 0
     for rows, cols in send_shapes:
         block = x[off: off + rows * cols].view(rows, cols)
@@ -141,22 +169,65 @@ def _encoded_a2a(x, send_shapes, recv_shapes, codec, group, stats, name, scale=1
     payload = torch.cat(pieces) if pieces else x.new_zeros(0, dtype=torch.uint8)
     send = [r * codec.row_bytes(c) for r, c in send_shapes]
     recv = [r * codec.row_bytes(c) for r, c in recv_shapes]
-    got = _a2a(payload, send, recv, group, stats, name)
-    out, off = [], 0
-    for (rows, cols), n in zip(recv_shapes, recv):
-        if rows == 0:
-            continue
-        dec = codec.decode(got[off: off + n].view(rows, codec.row_bytes(cols)), cols)
-        off += n
-        out.append(dec.reshape(-1))
-    y = torch.cat(out) if out else x.new_zeros(0)
-    if scale != 1.0:
-        y = y / scale
-        if not torch.isfinite(y).all():
-            raise FloatingPointError(
-                f"{name}: non-finite values after {codec.name} encoding with loss scale {scale}; "
-                "lower comms.loss_scale or use bf16 for the backward direction")
-    return y
+    pending = all_to_all_1d_async(payload, send, recv, group, stats, name)
+    return PendingEncoded(pending, recv_shapes, recv, codec, name, scale, x)
+
+
+def _encoded_a2a(x, send_shapes, recv_shapes, codec, group, stats, name, scale=1.0):
+    """float32 flat ``x`` holding row blocks ``send_shapes`` -> flat float32 of ``recv_shapes``."""
+    return _encoded_a2a_start(x, send_shapes, recv_shapes, codec, group, stats, name, scale).wait()
+
+
+class OutputExchange:
+    """An encoded all-to-all split in two autograd steps so compute can run while data moves:
+    ``start(x)`` sends (forward) and ``finish(token)`` receives. In backward, ``finish``'s
+    gradient step sends the gradients back and returns at once; ``start``'s waits for them, so
+    autograd runs whatever else is ready (the bottom MLP's backward) in between."""
+
+    def __init__(self, send_shapes, recv_shapes, fwd, bwd, group, stats, name, bwd_scale=1.0):
+        self.send_shapes = [(int(r), int(c)) for r, c in send_shapes]
+        self.recv_shapes = [(int(r), int(c)) for r, c in recv_shapes]
+        self.fwd, self.bwd, self.group, self.stats = fwd, bwd, group, stats
+        self.name, self.bwd_scale = name, bwd_scale
+        self.pending_fwd: PendingEncoded | None = None
+        self.pending_bwd: PendingEncoded | None = None
+
+    def start(self, x: torch.Tensor) -> torch.Tensor:
+        return _ExchangeStart.apply(x, self)
+
+    def finish(self, token: torch.Tensor) -> torch.Tensor:
+        return _ExchangeFinish.apply(token, self)
+
+
+class _ExchangeStart(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ex: OutputExchange):
+        ctx.ex = ex
+        ex.pending_fwd = _encoded_a2a_start(x, ex.send_shapes, ex.recv_shapes, ex.fwd, ex.group,
+                                            ex.stats, ex.name)
+        return x.new_zeros(0)  # a token: orders finish after start in the graph
+
+    @staticmethod
+    def backward(ctx, _token_grad):
+        ex = ctx.ex
+        g, ex.pending_bwd = ex.pending_bwd.wait(), None
+        return g, None
+
+
+class _ExchangeFinish(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, token, ex: OutputExchange):
+        ctx.ex = ex
+        y, ex.pending_fwd = ex.pending_fwd.wait(), None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        ex = ctx.ex
+        ex.pending_bwd = _encoded_a2a_start(grad.contiguous(), ex.recv_shapes, ex.send_shapes,
+                                            ex.bwd, ex.group, ex.stats, ex.name + "_grad",
+                                            ex.bwd_scale)
+        return grad.new_zeros(0), None
 
 
 class _EncodedAllToAll(torch.autograd.Function):

@@ -35,11 +35,11 @@ from torch import nn
 from recscale.comm.codecs import CommsConfig, get_codec
 from recscale.comm.collectives import (
     CommStats,
+    OutputExchange,
     PendingAllToAll,
     _encoded_a2a,
     all_to_all_1d,
     all_to_all_1d_async,
-    encoded_all_to_all,
     exchange_counts,
 )
 from recscale.data.batch import SparseFeatures
@@ -339,6 +339,9 @@ class ShardedEmbeddingCollection(nn.Module):
                 [self.tables[t].num_embeddings for t in dp], [self.dims[t] for t in dp], optimizer,
                 device=device, seed=seed, table_ids=dp)
         self.last_batch_sizes: list[int] = []
+        # DLRM.forward: hand the dense arch a deferred lookup (finish_deferred) so the output
+        # all-to-all overlaps the bottom MLP; set from train.pipeline
+        self.overlap_output = False
         self.to(self.device)  # the index buffers live with the ids they permute (CUDA or CPU)
 
     # ----------------------------------------------------------------------------------------
@@ -471,26 +474,27 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def finish(self, pend: InputDist) -> torch.Tensor:
         """Wait for the ids, look up, send pooled rows home, assemble."""
+        return self.finish_deferred(pend)()
+
+    def finish_deferred(self, pend: InputDist):
+        """Look up and start sending pooled rows home; -> a function that waits for them and
+        assembles [B, sum(D)]. What runs between the two (the bottom MLP) overlaps the output
+        all-to-all, and in backward the bottom MLP's backward overlaps the gradients' return.
+        The arithmetic is the same either way: results are bitwise those of ``finish``."""
         me, B, bs = self.rank, pend.B, pend.bs
         self.last_batch_sizes = bs
         bg = sum(bs)
         fb = torch.ops.fbgemm
-        out = None
+        exchange = token = mine = None
         if pend.sharded is not None:
             k_me = self.k[me]
             l2, v2 = self._received(pend)
             pooled = self._lookup(l2.view(k_me, bg), v2, bg, pend.device)
             wd = self.widths[me]
-            wide = encoded_all_to_all(pooled.reshape(-1), [(b, wd) for b in bs],
-                                      [(B, w) for w in self.widths], self.fwd_codec,
-                                      self.bwd_codec, self.group, self.stats, "output",
-                                      self.bwd_scale)
-            pieces, off = [], 0
-            for w in self.widths:
-                pieces.append(wide[off: off + B * w].view(B, w))
-                off += B * w
-            wide2 = torch.cat(pieces, dim=1)
-            out = wide2.new_zeros(B, self.output_dim).index_add(1, self._dest_cols, wide2)
+            exchange = OutputExchange([(b, wd) for b in bs], [(B, w) for w in self.widths],
+                                      self.fwd_codec, self.bwd_codec, self.group, self.stats,
+                                      "output", self.bwd_scale)
+            token = exchange.start(pooled.reshape(-1))
         if pend.dp is not None:
             k_dp = len(self.dp_tables)
             gl, gv = self._split(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v)
@@ -499,12 +503,26 @@ class ShardedEmbeddingCollection(nn.Module):
             full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))
             mine = _OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats,
                                             self.bwd_codec, self.bwd_scale)
-            if out is None:
-                out = mine.new_zeros(B, self.output_dim)
-            out = out.index_add(1, self._dp_cols, mine)
-        if self.output_grad_scale != 1.0:
-            out = _GradScale.apply(out, self.output_grad_scale)
-        return out
+
+        def complete() -> torch.Tensor:
+            out = None
+            if exchange is not None:
+                wide = exchange.finish(token)
+                pieces, off = [], 0
+                for w in self.widths:
+                    pieces.append(wide[off: off + B * w].view(B, w))
+                    off += B * w
+                wide2 = torch.cat(pieces, dim=1)
+                out = wide2.new_zeros(B, self.output_dim).index_add(1, self._dest_cols, wide2)
+            if mine is not None:
+                if out is None:
+                    out = mine.new_zeros(B, self.output_dim)
+                out = out.index_add(1, self._dp_cols, mine)
+            if self.output_grad_scale != 1.0:
+                out = _GradScale.apply(out, self.output_grad_scale)
+            return out
+
+        return complete
 
     # ----------------------------------------------------------------------------------------
     def local_shards(self) -> list[tuple[int, object, torch.Tensor, list[torch.Tensor]]]:

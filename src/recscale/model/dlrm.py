@@ -98,9 +98,13 @@ class DenseArch(nn.Module):
         z = torch.bmm(feats, feats.transpose(1, 2)).flatten(1)
         return torch.cat([x, z.index_select(1, self._tril)], dim=1)
 
-    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    def forward(self, dense: torch.Tensor, emb) -> torch.Tensor:
+        """``emb``: pooled embeddings [B, T * D], or a function returning them, called after the
+        bottom MLP (so a sharded lookup's output all-to-all travels while it computes)."""
         with self.autocast():
             x = self.bottom(dense)
+            if callable(emb):
+                emb = emb()
             logits = self.top(self.interact(x, emb))
         return logits.squeeze(1).float()
 
@@ -135,8 +139,13 @@ class DLRM(nn.Module):
         return self._dense().top
 
     def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
-        """-> click logits [B] (fp32)."""
-        return self.dense_arch(dense, self.embeddings(sparse))
+        """-> click logits [B] (fp32). Sharded embeddings with ``overlap_output`` set hand the
+        dense arch a deferred lookup: their output all-to-all overlaps the bottom MLP."""
+        emb = self.embeddings
+        if getattr(emb, "overlap_output", False):
+            pend = emb.start(sparse) if isinstance(sparse, SparseFeatures) else sparse
+            return self.dense_arch(dense, emb.finish_deferred(pend))
+        return self.dense_arch(dense, emb(sparse))
 
     def dense_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters for the dense optimizer (the embeddings update themselves in backward)."""

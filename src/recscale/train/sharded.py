@@ -76,6 +76,9 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
         group=ctx.sparse_group, device=ctx.device, stats=stats,
         output_grad_scale=1.0 / ctx.world_size, comms=train_cfg.comms, tiers=train_cfg.tiers,
     )
+    # with train.pipeline, the output all-to-all also overlaps the bottom MLP (and, in backward,
+    # the gradients' return overlaps its backward); results are identical either way
+    emb.overlap_output = train_cfg.pipeline
     return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
                       ctx, stats, train_cfg.comms.dense_allreduce)
 
