@@ -171,3 +171,17 @@ def test_tables_on_the_ssd_tier_checkpoint_and_resume_bitwise(parquet_dataset, t
     resumed = run(tiers=tiers, checkpoint={"dir": str(tmp_path / "ck"), "resume": "latest"})
     assert resumed.result.extra["resumed"] == 1.0
     _same(resumed, memory)
+
+
+def test_partial_checkpoints_are_never_resumed_from(parquet_dataset, clean_run, tmp_path):
+    """A crash mid-write leaves step-N.tmp (no manifest): it is not a checkpoint; nor is a step
+    directory without a manifest. Resume takes the newest complete one."""
+    _train(parquet_dataset, tmp_path, max_steps=6)
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    (run_dir / "step-00000009.tmp").mkdir()
+    (run_dir / "step-00000009.tmp" / "__0_0.distcp").write_bytes(b"half")
+    (run_dir / "step-00000010").mkdir()  # a copy that lost its manifest
+    assert [Path(p).name for p in list_checkpoints(str(tmp_path), all_runs=True)][0] == "step-00000006"
+    resumed = _train(parquet_dataset, tmp_path, max_steps=10, checkpoint={
+        "dir": str(tmp_path), "resume": "latest"})
+    _same(resumed, clean_run)
