@@ -308,6 +308,17 @@ class SlowTierStore:
         self._mm, self.tables = [], []
 
 
+def _copy_into_views(module, weights: Sequence[torch.Tensor],
+                     states: Sequence[Sequence[torch.Tensor]] | None) -> None:
+    """Copy whole tables (and optimizer states) into a module's full-table views."""
+    with torch.no_grad():
+        for view, w in zip(module.split_weights(), weights):
+            view.copy_(w)
+        for views, st in zip(module.split_optimizer_states(), states or []):
+            for view, x in zip(views, st):
+                view.copy_(x.view_as(view))
+
+
 def _same_ids(a: SparseFeatures, b: SparseFeatures) -> bool:
     if a.values is b.values and a.lengths is b.lengths:
         return True
@@ -724,12 +735,7 @@ class TieredEmbeddingBags(nn.Module):
     def load_state(self, weights: Sequence[torch.Tensor],
                    states: Sequence[Sequence[torch.Tensor]] | None = None) -> None:
         """Restore tables (and optimizer states) from a checkpoint, durably."""
-        with torch.no_grad():
-            for view, w in zip(self.split_weights(), weights):
-                view.copy_(w)
-            for views, st in zip(self.split_optimizer_states(), states or []):
-                for view, x in zip(views, st):
-                    view.copy_(x.view_as(view))
+        _copy_into_views(self, weights, states)
         self.store.sync()
 
     def close(self) -> None:
@@ -879,12 +885,7 @@ class MultiTierEmbeddingBags(nn.Module):
                 m.flush()
 
     def load_state(self, weights, states=None) -> None:
-        with torch.no_grad():
-            for view, w in zip(self.split_weights(), weights):
-                view.copy_(w)
-            for views, st in zip(self.split_optimizer_states(), states or []):
-                for view, x in zip(views, st):
-                    view.copy_(x.view_as(view))
+        _copy_into_views(self, weights, states)
         self.flush()
 
     def close(self) -> None:
