@@ -29,7 +29,8 @@ from recscale.train.sharded import ShardedStep, build_sharded_model  # noqa: E40
 def pipeline_worker(cfg, kind, globals_, steps, reps, pipelined):
     import torch.distributed as dist
 
-    tcfg = parse(TrainConfig, {**bs.TCFG, "world_size": 2}, "train")
+    # train.pipeline also switches the output all-to-all's overlap with the bottom MLP
+    tcfg = parse(TrainConfig, {**bs.TCFG, "world_size": 2, "pipeline": pipelined}, "train")
     ctx = init_worker(tcfg)
     torch.set_num_threads(1)
     stats = CommStats()

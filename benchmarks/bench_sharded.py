@@ -79,8 +79,10 @@ def model_cfg(cfg):
                                "top_mlp": cfg["top"]}, "model")
 
 
+# a CPU benchmark (ranks x threads on cores), also on a machine that has a GPU
 TCFG = {"embedding_optimizer": {"name": "exact_sgd", "learning_rate": 0.05},
-        "dense_optimizer": {"name": "sgd", "learning_rate": 0.05}, "num_threads": 1}
+        "dense_optimizer": {"name": "sgd", "learning_rate": 0.05}, "num_threads": 1,
+        "device": "cpu"}
 
 
 def timed(step, batches, steps, reps, warmup=3, barrier=None):
