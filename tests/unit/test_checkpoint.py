@@ -185,3 +185,26 @@ def test_partial_checkpoints_are_never_resumed_from(parquet_dataset, clean_run, 
     resumed = _train(parquet_dataset, tmp_path, max_steps=10, checkpoint={
         "dir": str(tmp_path), "resume": "latest"})
     _same(resumed, clean_run)
+
+
+def test_init_from_starts_with_the_checkpoints_model_and_optimizer_state_counters_at_zero(
+        parquet_dataset, tmp_path):
+    """train.checkpoint.init_from (the retrain's warm start): weights, row-wise Adagrad state and
+    the dense optimizer come from the checkpoint; steps, samples and the data position do not."""
+    source = _train(parquet_dataset, tmp_path / "src", max_steps=6)
+    ckpt = source.result.checkpoints[-1]
+    warm = _train(parquet_dataset, tmp_path / "warm", max_steps=4,
+                  checkpoint={"dir": str(tmp_path / "warm"), "init_from": ckpt})
+    cold = _train(parquet_dataset, tmp_path / "cold", max_steps=4)
+    assert warm.result.extra["initialised_from_checkpoint"] == 1.0
+    assert warm.result.steps == 4 and warm.result.samples == cold.result.samples  # from row 0
+    src_state = source.model.embeddings.split_optimizer_states()
+    warm_state = warm.model.embeddings.split_optimizer_states()
+    cold_state = cold.model.embeddings.split_optimizer_states()
+    # row-wise Adagrad's state only grows: warm >= the source's everywhere, and it carries rows
+    # that only the source's 6 steps touched, which the cold run's 4 steps did not
+    for (s,), (w,), (c,) in zip(src_state, warm_state, cold_state):
+        assert torch.all(w >= s)
+    assert any(torch.any((s > 0) & (c == 0)) for (s,), (c,) in zip(src_state, cold_state))
+    sd_w, sd_c = warm.model.state_dict(), cold.model.state_dict()
+    assert any(not torch.equal(sd_w[k], sd_c[k]) for k in sd_w)
