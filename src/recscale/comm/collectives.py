@@ -230,20 +230,6 @@ class _ExchangeFinish(torch.autograd.Function):
         return grad.new_zeros(0), None
 
 
-class _EncodedAllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, send_shapes, recv_shapes, fwd, bwd, group, stats, name, bwd_scale):
-        ctx.args = (send_shapes, recv_shapes, bwd, group, stats, name, bwd_scale)
-        return _encoded_a2a(x, send_shapes, recv_shapes, fwd, group, stats, name)
-
-    @staticmethod
-    def backward(ctx, grad):
-        send_shapes, recv_shapes, bwd, group, stats, name, scale = ctx.args
-        g = _encoded_a2a(grad.contiguous(), recv_shapes, send_shapes, bwd, group, stats,
-                         name + "_grad", scale)
-        return g, None, None, None, None, None, None, None, None
-
-
 def encoded_all_to_all(x: torch.Tensor, send_shapes, recv_shapes, forward_codec, backward_codec,
                        group=None, stats: CommStats | None = None, name: str = "output",
                        backward_scale: float = 1.0) -> torch.Tensor:
@@ -251,7 +237,6 @@ def encoded_all_to_all(x: torch.Tensor, send_shapes, recv_shapes, forward_codec,
     flat in ``x``) goes to rank d; returns the received blocks decoded to float32, flat. The
     backward sends the gradients back in ``backward_codec`` (multiplied by ``backward_scale``
     before encoding and divided after, the fp16 loss scale)."""
-    send_shapes = [(int(r), int(c)) for r, c in send_shapes]
-    recv_shapes = [(int(r), int(c)) for r, c in recv_shapes]
-    return _EncodedAllToAll.apply(x, send_shapes, recv_shapes, forward_codec, backward_codec,
-                                  group, stats, name, backward_scale)
+    ex = OutputExchange(send_shapes, recv_shapes, forward_codec, backward_codec, group, stats,
+                        name, backward_scale)
+    return ex.finish(ex.start(x))

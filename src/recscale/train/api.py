@@ -58,24 +58,6 @@ def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
     return out if any(p.kind != "memory" for p in out) else None
 
 
-def _in_memory_copy(model: DLRM, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                    device) -> DLRM:
-    """The trained tiered model as an ordinary in-memory DLRM (what MLflow stores and evaluation
-    loads); the tiered module's scratch files are released."""
-    ref = build_model_for(manifest, model_cfg, train_cfg, device)
-    src = model.embeddings
-    with torch.no_grad():
-        for w, x in zip(ref.embeddings.split_weights(), src.split_weights()):
-            w.copy_(x)
-        for st_ref, st in zip(ref.embeddings.split_optimizer_states() or [],
-                              src.split_optimizer_states() or []):
-            for a, b in zip(st_ref, st):
-                a.copy_(b.view_as(a))
-        ref.dense_arch.load_state_dict(model.dense_arch.state_dict())
-    src.close()
-    return ref
-
-
 def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                plan=None, out_dir: str | None = None) -> TrainOutcome:
     """Train on the manifest's train split: in this process when ``train.world_size`` is 1, else
@@ -92,9 +74,8 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                                       train_cfg.tiers)
     model = build_model_for(manifest, model_cfg, train_cfg, device, placements)
     result = train_in_process(model, manifest, model_cfg, train_cfg, device)
-    if placements is not None:  # an ordinary in-memory CPU model, whatever trained it
-        model = _in_memory_copy(model, manifest, model_cfg, train_cfg, "cpu")
-    elif device.type != "cpu":  # the outcome is a CPU model, whatever device trained it
+    if placements is not None or device.type != "cpu":
+        # the outcome is an ordinary in-memory CPU model, whatever device or tier trained it
         model = to_cpu_model(model, manifest, model_cfg, train_cfg)
     return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
 
@@ -124,20 +105,32 @@ def train_in_process(model: DLRM, manifest: dict, model_cfg: ModelConfig, train_
     return result
 
 
-def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
-                 train_cfg: TrainConfig) -> DLRM:
-    """The same model on the CPU. fbgemm's table-batched module keeps its tables in
-    device-specific buffers (weights_dev on CUDA, weights_host on the CPU), so its state_dict does
-    not load across devices; copy table by table instead."""
+def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, tables,
+                   states, dense_state: dict) -> DLRM:
+    """A single-process CPU DLRM holding these full tables, optimizer states (per table, as
+    ``split_optimizer_states`` gives them) and dense-arch state, from any device or tier."""
     cpu = build_model_for(manifest, model_cfg, train_cfg, "cpu")
     with torch.no_grad():
-        for dst, src in zip(cpu.embeddings.split_weights(), model.embeddings.split_weights()):
-            dst.copy_(src.cpu())
-        for dst_t, src_t in zip(cpu.embeddings.split_optimizer_states() or [],
-                                model.embeddings.split_optimizer_states() or []):
+        for dst, src in zip(cpu.embeddings.split_weights(), tables):
+            dst.copy_(src)
+        for dst_t, src_t in zip(cpu.embeddings.split_optimizer_states() or [], states or []):
             for dst, src in zip(dst_t, src_t):
-                dst.copy_(src.cpu().view_as(dst))
-        cpu.dense_arch.load_state_dict({k: v.cpu() for k, v in model._dense().state_dict().items()})
+                dst.copy_(src.view_as(dst))
+        cpu.dense_arch.load_state_dict(dense_state)
+    return cpu
+
+
+def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
+                 train_cfg: TrainConfig) -> DLRM:
+    """The same model as an ordinary in-memory CPU model. fbgemm's table-batched module keeps its
+    tables in device-specific buffers (weights_dev on CUDA, weights_host on the CPU) and a tiered
+    module keeps them on its slow tier, so state_dicts do not carry over; copy table by table. A
+    tiered module's scratch files are released afterwards."""
+    emb = model.embeddings
+    cpu = cpu_model_from(manifest, model_cfg, train_cfg, emb.split_weights(),
+                         emb.split_optimizer_states(), model._dense().state_dict())
+    if callable(getattr(emb, "close", None)):
+        emb.close()
     return cpu
 
 

@@ -68,9 +68,6 @@ class CheckpointConfig:
         check(self.resume in RESUME_MODES or os.sep in self.resume or self.resume.startswith("step-"),
               f"{prefix}.resume", self.resume,
               f"one of {RESUME_MODES} or the path of a checkpoint's step directory")
-        if self.resume not in RESUME_MODES and self.resume != "restart":
-            check(self.dir is not None or os.path.isdir(self.resume), f"{prefix}.resume", self.resume,
-                  "an existing checkpoint directory")
 
 
 class CheckpointError(RuntimeError):
@@ -147,12 +144,6 @@ def flush_tiers(modules: Sequence[torch.nn.Module]) -> None:
         for sub in m.modules():
             if callable(getattr(sub, "flush", None)):
                 sub.flush()
-
-
-def after_load(modules: Sequence[torch.nn.Module]) -> None:
-    """Tiered embedding modules: what was copied into their full-table views is written through
-    to the slow tier (their next lookup reads it)."""
-    flush_tiers(modules)
 
 
 def dense_tensors(dense: torch.nn.Module, opt: torch.optim.Optimizer | None) -> tuple[dict, dict]:

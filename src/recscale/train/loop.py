@@ -22,7 +22,6 @@ from recscale.progress import Progress
 from recscale.train.checkpoint import (
     Checkpointer,
     LocalShard,
-    after_load,
     dense_tensors,
     flush_tiers,
 )
@@ -161,7 +160,7 @@ def train_epochs(
         got = ckpt.restore(model_shards(model), model._dense(), opt)
         if got is not None:
             path, m = got
-            after_load([model.embeddings])
+            flush_tiers([model.embeddings])  # restored views -> slow tier
             p = m["progress"]["0"]
             res.steps, start_epoch = int(m["step"]), int(p["epoch"])
             res.extra["resumed"] = 1.0
@@ -175,7 +174,7 @@ def train_epochs(
                             m["world_size"], start_epoch + 1)
             log.info("resumed from %s at step %d", path, res.steps)
         elif ckpt.init_from_checkpoint(model_shards(model), model._dense(), opt):
-            after_load([model.embeddings])
+            flush_tiers([model.embeddings])  # restored views -> slow tier
             res.extra["initialised_from_checkpoint"] = 1.0
     total = min(total_steps or limit or 0, limit or total_steps or 0) or None
     interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0

@@ -32,12 +32,11 @@ from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.data.loader import LoaderConfig, empty_columns, make_loader, rank_row_counts, to_batch
 from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.embedding.tiered import merge_tier_stats
-from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
+from recscale.model.dlrm import DLRM, ModelConfig
 from recscale.sharding import ShardingPlan
 from recscale.train.checkpoint import (
     Checkpointer,
     LocalShard,
-    after_load,
     dense_tensors,
     flush_tiers,
     model_fingerprint,
@@ -182,10 +181,10 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
         got = ckpt.restore(embedding_shards(emb), model._dense(), opt)
         if got is None and ckpt.init_from_checkpoint(embedding_shards(emb), model._dense(), opt):
-            after_load([emb])
+            flush_tiers([emb])  # restored views -> slow tier
         if got is not None:
             path, m = got
-            after_load([emb])
+            flush_tiers([emb])  # restored views -> slow tier
             p = m["progress"]
             same_world = m["world_size"] == ctx.world_size
             mine = p.get(str(ctx.rank), p["0"]) if same_world else p["0"]
@@ -319,17 +318,11 @@ def _log_point(res: RankResult, acc: torch.Tensor, interval: dict) -> None:
 def unsharded_state(model: DLRM, tables_and_states, manifest: dict, model_cfg: ModelConfig,
                     train_cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """The state_dict a single-process DLRM of the same config would have: world-size free."""
+    from recscale.train.api import cpu_model_from
+
     tables, states = tables_and_states
-    ref = build_dlrm(model_cfg, manifest["table_sizes"], NUM_DENSE, train_cfg.embedding_optimizer,
-                     seed=train_cfg.seed)
-    with torch.no_grad():
-        for w, full in zip(ref.embeddings.split_weights(), tables):
-            w.copy_(full)
-        for st_ref, st in zip(ref.embeddings.split_optimizer_states() or [], states):
-            for a, b in zip(st_ref, st):
-                a.copy_(b.view_as(a))
-        ref.dense_arch.load_state_dict(model._dense().state_dict())
-    return ref.state_dict()
+    return cpu_model_from(manifest, model_cfg, train_cfg, tables, states,
+                          model._dense().state_dict()).state_dict()
 
 
 def _save_unsharded(model, tables_and_states, manifest, model_cfg, train_cfg, out_dir) -> str:
