@@ -174,6 +174,7 @@ class Checkpointer:
         self.fingerprint = fingerprint or {}
         self.run_dir = os.path.join(cfg.dir, run_id)
         self.saved: list[str] = []
+        self.last_saved_step: int | None = None
         self.failed_writes = 0
         self.save_seconds = 0.0
 
@@ -279,6 +280,7 @@ class Checkpointer:
             self.save_seconds += time.perf_counter() - t0
             return None
         self.saved.append(final)
+        self.last_saved_step = step
         if self.rank == 0:
             self._prune()
             log.info("checkpoint of step %d written to %s", step, final)

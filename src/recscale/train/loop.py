@@ -154,7 +154,7 @@ def train_epochs(
     model.train()
     limit = cfg.max_steps
     ckpt = None
-    start_epoch, skip, loader_state, resumed_samples = 0, 0, None, 0
+    start_epoch, skip, loader_state = 0, 0, None
     if cfg.checkpoint.dir is not None and run_id is not None:
         ckpt = Checkpointer(cfg.checkpoint, run_id, fingerprint=fingerprint)
         got = ckpt.restore(model_shards(model), model._dense(), opt)
@@ -166,7 +166,7 @@ def train_epochs(
             res.extra["resumed"] = 1.0
             if m["world_size"] == 1:
                 skip, loader_state = int(p["batches"]), m["loader"]["0"]
-                res.samples = resumed_samples = int(p["samples"])
+                res.samples = res.resumed_samples = int(p["samples"])
             else:
                 res.extra["resharded"] = 1.0
                 log.warning("checkpoint %s was written by %d ranks: the model is resharded into "
@@ -221,14 +221,13 @@ def train_epochs(
                     _save_single(ckpt, model, opt, res, epoch_i, batches, batch_state)
                 if limit is not None and res.steps >= limit:
                     break
-    if ckpt is not None and (not ckpt.saved or not ckpt.saved[-1].endswith(f"{res.steps:08d}")):
+    if ckpt is not None and ckpt.last_saved_step != res.steps:  # the end, unless just saved
         _save_single(ckpt, model, opt, res, epoch_i, batches, batch_state)
     if ckpt is not None:
         res.extra.update(checkpoints_written=float(len(ckpt.saved)),
                          checkpoint_failures=float(ckpt.failed_writes),
                          checkpoint_seconds=ckpt.save_seconds)
         res.checkpoints = list(ckpt.saved)
-    res.resumed_samples = resumed_samples
     if interval_n:
         res.record("loss", res.steps, interval_loss / interval_n)
         res.record("samples_per_s", res.steps, interval_samples / interval_t)
