@@ -62,7 +62,7 @@ def main(argv=None):
         tcfg = dataclasses.replace(base, comms=comms)
         plan = plan_sharding(table_specs(man, model_cfg.embedding_dim),
                              Topology.preset("cpu-local", world_size=2), tcfg.batch_size,
-                             {"optimizer": "exact_rowwise_adagrad", "comms": comms.planner()})
+                             {"optimizer": "exact_rowwise_adagrad", "comms": comms})
         t0 = time.perf_counter()
         out = train_dlrm(man, model_cfg, tcfg, plan)
         wall = time.perf_counter() - t0

@@ -2,11 +2,16 @@
 
 Kedro nodes receive plain parameter dicts; ``parse(Cls, mapping, "key.path")`` turns them into frozen
 dataclasses and fails with a ``ConfigError`` that names the full key, the bad value and what is
-allowed. Range checks live in each dataclass's ``__post_init__`` via ``check``/``check_choice``.
+allowed. Every config class derives from ``Validated``: its ``validate(prefix)`` (range checks via
+``check``/``check_choice``) runs on construction, so ``TrainConfig(batch_size_per_rank=0)`` fails
+as ``parse`` does; built by ``parse``, the message names the full key (``train.checkpoint.keep_last``).
+A class may list keys it renamed (``RENAMED = {"old": "new"}``): the old key then fails with a
+message naming the new one.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import types
 import typing
@@ -18,6 +23,29 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range. The message names the key."""
+
+
+# the key of the config being built by ``parse`` (so validation names the full key)
+_PREFIX: contextvars.ContextVar[str | None] = contextvars.ContextVar("recscale_config_prefix",
+                                                                    default=None)
+
+
+class Validated:
+    """Base of every typed config dataclass: ``validate`` runs on construction (and on
+    ``dataclasses.replace``), with the full key when ``parse`` builds it, else the class's default
+    prefix (``validate``'s default argument)."""
+
+    RENAMED: typing.ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        prefix = _PREFIX.get()
+        if prefix is None:
+            self.validate()
+        else:
+            self.validate(prefix)
+
+    def validate(self, prefix: str = "") -> None:
+        """Range and cross-field checks; raise ConfigError naming ``prefix.field``."""
 
 
 def check(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -92,6 +120,12 @@ def parse(cls: type[T], mapping: Mapping[str, Any] | None, prefix: str = "") -> 
         raise ConfigError(f"{where}={mapping!r} is not allowed: expected a mapping of settings")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(mapping) - set(fields))
+    renamed = getattr(cls, "RENAMED", {})
+    moved = [k for k in unknown if k in renamed]
+    if moved:
+        old = f"{prefix + '.' if prefix else ''}{moved[0]}"
+        new = f"{prefix + '.' if prefix else ''}{renamed[moved[0]]}"
+        raise ConfigError(f"{old} is not allowed: it is now {new}")
     if unknown:
         raise ConfigError(
             f"unknown key {prefix + '.' if prefix else ''}{unknown[0]}; allowed keys under "
@@ -102,11 +136,14 @@ def parse(cls: type[T], mapping: Mapping[str, Any] | None, prefix: str = "") -> 
     for name, value in mapping.items():
         key = f"{prefix}.{name}" if prefix else name
         kwargs[name] = _coerce(hints[name], value, key)
+    token = _PREFIX.set(prefix or None)
     try:
         obj = cls(**kwargs)
     except TypeError as exc:  # a required field is missing
         raise ConfigError(f"{where}: {exc}") from exc
-    if hasattr(obj, "validate"):
+    finally:
+        _PREFIX.reset(token)
+    if not isinstance(obj, Validated) and hasattr(obj, "validate"):
         obj.validate(prefix)
     return obj
 

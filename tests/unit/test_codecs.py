@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from recscale.comm.codecs import WIRE_PRECISIONS, CommsConfig, get_codec
+from recscale.comm import WIRE_PRECISIONS, CommsConfig
+from recscale.comm.codecs import get_codec
 from recscale.config import ConfigError, parse
 
 
@@ -49,8 +50,8 @@ def test_fp16_overflows_without_care_and_the_loss_scale_rescues_small_gradients(
 
 
 def test_comms_config_names_the_bad_key():
-    assert parse(CommsConfig, {"forward": "fp8", "backward": "int8"}, "comms").planner() == {
-        "forward": "fp8", "backward": "int8", "dense_allreduce": "fp32"}
+    assert parse(CommsConfig, {"forward": "fp8", "backward": "int8"}, "comms").to_dict() == {
+        "forward": "fp8", "backward": "int8", "dense_allreduce": "fp32", "loss_scale": 1024.0}
     with pytest.raises(ConfigError, match=r"comms\.dense_allreduce='int8' is not allowed"):
         parse(CommsConfig, {"dense_allreduce": "int8"}, "comms")
     with pytest.raises(ConfigError, match=r"comms\.forward='fp4'"):

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recscale.comm import CommsConfig
 from recscale.sharding import (
     SHARDING_TYPES,
-    CommsPrecision,
     PlannerError,
     PlannerOptions,
     ShardingPlan,
@@ -166,7 +166,7 @@ def test_comm_precision_per_direction_enters_costs():
     for kind in (1, 2, 3, 4, 5):  # every sharded type
         full = comms(kind)
         fwd = comms(kind, comms={"forward": "fp16"})
-        both = comms(kind, comms=CommsPrecision("fp16", "bf16", "fp32"))
+        both = comms(kind, comms=CommsConfig("fp16", "bf16", "fp32"))
         assert both < fwd < full
         assert comms(kind, comms="fp8") < both
     # the dense all-reduce precision drives the data-parallel cost only
@@ -177,7 +177,7 @@ def test_comm_precision_per_direction_enters_costs():
 def test_comms_config_accepts_the_later_issue_dict():
     plan = plan_sharding(mix(8), zionex(8), 128,
                          comms={"forward": "fp16", "backward": "bf16", "dense_allreduce": "bf16"})
-    assert plan.options.comms == CommsPrecision("fp16", "bf16", "bf16")
+    assert plan.options.comms == CommsConfig("fp16", "bf16", "bf16")
     assert "comms forward fp16 / backward bf16" in plan.report()
 
 

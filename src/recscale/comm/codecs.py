@@ -16,14 +16,11 @@ row's max - min):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from recscale.config import check, check_choice
+from recscale.comm.precision import WIRE_PRECISIONS
+from recscale.config import check_choice
 
-WIRE_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
-ALLREDUCE_PRECISIONS = ("fp32", "fp16", "bf16")  # a sum of 8-bit row codes is not a code
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
@@ -133,29 +130,3 @@ CODECS = {"fp32": Codec, "fp16": FP16, "bf16": BF16, "fp8": FP8, "int8": Int8Row
 def get_codec(name: str) -> Codec:
     check_choice("comms precision", name, WIRE_PRECISIONS)
     return CODECS[name]()
-
-
-@dataclass(frozen=True)
-class CommsConfig:
-    """Wire precision per direction: pooled embeddings forward, their gradients backward, and the
-    dense gradients' all-reduce (DDP communication hook). ``loss_scale`` multiplies fp16 backward
-    gradients before encoding (and divides after) so small gradients do not flush to zero."""
-
-    forward: str = "fp32"
-    backward: str = "fp32"
-    dense_allreduce: str = "fp32"
-    loss_scale: float = 1024.0
-
-    def validate(self, prefix: str = "comms") -> None:
-        check_choice(f"{prefix}.forward", self.forward, WIRE_PRECISIONS)
-        check_choice(f"{prefix}.backward", self.backward, WIRE_PRECISIONS)
-        check(self.dense_allreduce in ALLREDUCE_PRECISIONS, f"{prefix}.dense_allreduce",
-              self.dense_allreduce,
-              "one of 'fp32', 'fp16', 'bf16' (an all-reduce sums its inputs; 8-bit row codes "
-              "with per-row scales cannot be summed)")
-        check(self.loss_scale > 0, f"{prefix}.loss_scale", self.loss_scale, "> 0")
-
-    def planner(self) -> dict[str, str]:
-        """The precisions in the form the sharding planner's cost model takes."""
-        return {"forward": self.forward, "backward": self.backward,
-                "dense_allreduce": self.dense_allreduce}

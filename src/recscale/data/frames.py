@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recscale.config import check
+from recscale.config import Validated, check
 from recscale.data.idx import SPLITS, split_indices, validate_splits
 
 
@@ -75,7 +75,7 @@ def context_windows(X: np.ndarray, lengths: np.ndarray, context: int) -> np.ndar
 
 
 @dataclass(frozen=True)
-class SpeechFramesConfig:
+class SpeechFramesConfig(Validated):
     """The ``hf_speech.data`` block."""
 
     context: int = 5  # frames on each side

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recscale.config import check
+from recscale.config import Validated, check
 
 # IDX type code -> numpy big-endian dtype
 IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -86,7 +86,7 @@ SPLITS = ("train", "validation", "test")
 
 
 @dataclass(frozen=True)
-class MnistConfig:
+class MnistConfig(Validated):
     """The ``hf.data`` block: how the IDX images and labels become splits."""
 
     splits: tuple[float, float, float] = (0.8, 0.1, 0.1)  # train / validation / test

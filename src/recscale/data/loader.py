@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import torch
 import torchdata.nodes as tn
 
+from recscale.config import Validated, check
 from recscale.data.batch import Batch, SparseFeatures
 from recscale.data.criteo import DENSE_NAMES, SPARSE_NAMES
 
@@ -201,7 +202,7 @@ class Rebatcher(tn.BaseNode[Columns]):
 
 
 @dataclass(frozen=True)
-class LoaderConfig:
+class LoaderConfig(Validated):
     batch_size: int
     rank: int = 0
     world_size: int = 1
@@ -209,6 +210,13 @@ class LoaderConfig:
     prefetch: int = 4
     drop_last: bool = False
     pin_memory: bool = False
+
+    def validate(self, prefix: str = "loader") -> None:
+        check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
+        check(0 <= self.rank < self.world_size, f"{prefix}.rank", self.rank,
+              f"in [0, world_size={self.world_size})")
+        check(self.reader_workers >= 1, f"{prefix}.reader_workers", self.reader_workers, ">= 1")
+        check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
 
 
 def make_loader(files: Sequence[str | os.PathLike], cfg: LoaderConfig) -> tn.Loader:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recscale.config import check, to_dict
+from recscale.config import Validated, check, to_dict
 from recscale.data.criteo import (
     DENSE_NAMES,
     NUM_SPARSE,
@@ -41,7 +41,7 @@ MANIFEST_FORMAT = "recscale-criteo-parquet/1"
 
 
 @dataclass(frozen=True)
-class PreprocessConfig:
+class PreprocessConfig(Validated):
     # per-feature table sizes (26 ints); null -> hash_size_multiplier x the known cardinality
     # (synthetic data) capped at max_table_size, or max_table_size when cardinalities are unknown
     table_sizes: tuple[int, ...] | None = None

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from recscale.config import ConfigError, check_choice
+from recscale.config import ConfigError, Validated, check_choice
 from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(Validated):
     source: Literal["synthetic", "criteo_tsv"] = "synthetic"
     # synthetic: where the generated TSV goes
     raw_dir: str = "data/01_raw/synthetic"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recscale.config import ConfigError, check, to_dict
+from recscale.config import ConfigError, Validated, check, to_dict
 from recscale.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoBlock, encode_tsv
 from recscale.evaluate.metrics import auc_score
 
@@ -59,7 +59,7 @@ def scaled_cardinalities(scale: float, keep_below: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class SyntheticConfig:
+class SyntheticConfig(Validated):
     num_rows: int = 1_000_000
     seed: int = 0
     # explicit per-feature cardinalities (26 ints); null -> Kaggle's scaled by cardinality_scale

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from recscale.comm.codecs import CommsConfig, get_codec
+from recscale.comm import CommsConfig
+from recscale.comm.codecs import get_codec
 from recscale.comm.collectives import (
     CommStats,
     OutputExchange,

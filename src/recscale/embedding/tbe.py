@@ -27,7 +27,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 from torch import nn
 
-from recscale.config import check, check_choice
+from recscale.config import Validated, check, check_choice
 from recscale.data.batch import SparseFeatures
 
 # The fused optimizers fbgemm runs on the CPU (ADAM/LAMB are GPU-only in fbgemm 1.8).
@@ -39,7 +39,7 @@ EMBEDDING_OPTIMIZERS = {
 
 
 @dataclass(frozen=True)
-class EmbeddingOptimizerConfig:
+class EmbeddingOptimizerConfig(Validated):
     name: str = "exact_rowwise_adagrad"
     learning_rate: float = 0.05
     eps: float = 1e-8

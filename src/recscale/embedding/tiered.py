@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from recscale.config import ConfigError, check, check_choice
+from recscale.config import ConfigError, Validated, check, check_choice
 from recscale.data.batch import SparseFeatures
 from recscale.embedding.tbe import (
     EmbeddingOptimizerConfig,
@@ -75,7 +75,7 @@ _STATE_WIDTH = {"exact_sgd": lambda d: 0, "exact_rowwise_adagrad": lambda d: 1,
 
 
 @dataclass(frozen=True)
-class TierConfig:
+class TierConfig(Validated):
     """Settings of the tiered embedding store (the ``train.tiers`` parameters).
 
     - ``tier``: slow tier of a module built directly (from a plan: each shard's tier).

@@ -16,12 +16,12 @@ from typing import Literal
 import torch
 from torch import nn
 
-from recscale.config import check, check_choice
+from recscale.config import Validated, check, check_choice
 from recscale.data.batch import SparseFeatures
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Validated):
     embedding_dim: int = 16
     bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
     top_mlp: tuple[int, ...] = (512, 256, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from recscale.config import check, check_choice
+from recscale.config import Validated, check, check_choice
 
 CURVATURES = ("gn", "hessian")
 SOLVERS = ("cg", "bicgstab")
@@ -13,7 +13,7 @@ PRECONDITIONERS = ("none", "fisher")
 
 
 @dataclass(frozen=True)
-class HessianFreeConfig:
+class HessianFreeConfig(Validated):
     """Settings of :class:`recscale.optim.HessianFree`; defaults follow Martens (ICML 2010).
 
     curvature: ``gn`` (Gauss-Newton, PSD for a loss convex in the outputs) or ``hessian`` (exact).

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from recscale.config import check, check_choice
+from recscale.config import Validated, check, check_choice
 from recscale.optim.config import HessianFreeConfig
 from recscale.optim.curvature import empirical_fisher_diagonal
 from recscale.optim.distributed import shard
@@ -37,7 +37,7 @@ BASELINES = ("sgd", "adam")
 
 # ----------------------------------------------------------------------------- configs
 @dataclass(frozen=True)
-class NetConfig:
+class NetConfig(Validated):
     """Fully connected classifier: len(hidden) + 1 linear layers (default 4)."""
 
     hidden: tuple[int, ...] = (256, 128, 64)
@@ -50,7 +50,7 @@ class NetConfig:
 
 
 @dataclass(frozen=True)
-class FitConfig:
+class FitConfig(Validated):
     """The ``train`` block: schedule shared by HF and the baselines."""
 
     batch_size: int = 1000  # global gradient batch
@@ -84,7 +84,7 @@ class FitConfig:
 
 
 @dataclass(frozen=True)
-class SGDConfig:
+class SGDConfig(Validated):
     learning_rate: float = 0.05
     momentum: float = 0.9
     nesterov: bool = False
@@ -97,7 +97,7 @@ class SGDConfig:
 
 
 @dataclass(frozen=True)
-class AdamConfig:
+class AdamConfig(Validated):
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
 
@@ -107,7 +107,7 @@ class AdamConfig:
 
 
 @dataclass(frozen=True)
-class BaselinesConfig:
+class BaselinesConfig(Validated):
     """The ``baselines`` block: first-order optimizers trained on the same data and network."""
 
     optimizers: tuple[str, ...] = BASELINES

@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from recscale.config import check, check_choice
+from recscale.config import Validated, check, check_choice
 
 WARM_START_SOURCES = ("checkpoint", "latest", "champion")
 
 
 @dataclass(frozen=True)
-class RetrainConfig:
+class RetrainConfig(Validated):
     # where new raw partitions land: one Criteo TSV per day, consumed in natural name order
     landing_dir: str = "data/01_raw/daily"
     pattern: str = "day_*.tsv"

@@ -14,12 +14,10 @@ from .planner import plan_sharding
 from .report import format_report, save_chart
 from .topology import PRESETS, Topology
 from .types import (
-    COMM_PRECISIONS,
     OPTIMIZER_STATE,
     SHARDING_TYPES,
     TIERS,
     WEIGHT_PRECISIONS,
-    CommsPrecision,
     PlannerError,
     PlannerOptions,
     ShardingType,
@@ -28,13 +26,11 @@ from .types import (
 )
 
 __all__ = [
-    "COMM_PRECISIONS",
     "OPTIMIZER_STATE",
     "PRESETS",
     "SHARDING_TYPES",
     "TIERS",
     "WEIGHT_PRECISIONS",
-    "CommsPrecision",
     "PlannerError",
     "PlannerOptions",
     "RankPlan",

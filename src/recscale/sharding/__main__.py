@@ -14,12 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from recscale.comm.precision import WIRE_PRECISIONS, CommsConfig
 from recscale.config import ConfigError
 
 from .planner import plan_sharding
 from .report import save_chart
 from .topology import PRESETS, Topology
-from .types import COMM_PRECISIONS, OPTIMIZER_STATE, STRATEGIES, WEIGHT_PRECISIONS, PlannerError
+from .types import OPTIMIZER_STATE, STRATEGIES, WEIGHT_PRECISIONS, PlannerError
 
 
 def load_tables(path: str | Path) -> list[dict]:
@@ -47,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
     ap.add_argument("--optimizer", default="exact_rowwise_adagrad", choices=list(OPTIMIZER_STATE))
     ap.add_argument("--weight-precision", default="fp32", choices=list(WEIGHT_PRECISIONS))
-    ap.add_argument("--comms", default=None, choices=list(COMM_PRECISIONS),
+    ap.add_argument("--comms", default=None, choices=list(WIRE_PRECISIONS),
                     help="wire precision for every direction")
     for d in ("forward", "backward", "dense-allreduce"):
-        ap.add_argument(f"--comms-{d}", default=None, choices=list(COMM_PRECISIONS))
+        ap.add_argument(f"--comms-{d}", default=None, choices=list(WIRE_PRECISIONS))
     ap.add_argument("--memory-fraction", type=float, default=None)
     ap.add_argument("--cache-fraction", type=float, default=None)
     ap.add_argument("--strategy", default="balanced", choices=list(STRATEGIES))
@@ -65,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tables = load_tables(args.tables)
         topo = Topology.preset(args.topology, args.world_size, args.local_world_size)
-        comms = {"forward": args.comms or "fp32", "backward": args.comms or "fp32",
-                 "dense_allreduce": args.comms or "fp32"}
+        comms = CommsConfig.coerce(args.comms).to_dict()
         for key, value in (("forward", args.comms_forward), ("backward", args.comms_backward),
                            ("dense_allreduce", args.comms_dense_allreduce)):
             if value is not None:

@@ -13,10 +13,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from recscale.comm.precision import CommsConfig
 from recscale.config import ConfigError
 
 from .topology import Topology
-from .types import TIERS, CommsPrecision, PlannerOptions
+from .types import TIERS, PlannerOptions
 
 FORMAT_VERSION = 1
 
@@ -257,7 +258,7 @@ class ShardingPlan:
         return cls(
             topology=Topology.from_dict(d["topology"]),
             batch_size=int(d["batch_size"]),
-            options=PlannerOptions(**{**opts, "comms": CommsPrecision.coerce(opts["comms"])}),
+            options=PlannerOptions(**{**opts, "comms": CommsConfig.coerce(opts["comms"])}),
             cache_fraction=float(d["cache_fraction"]),
             tables=tuple(TablePlan.from_dict(t) for t in d["tables"]),
             ranks=tuple(RankPlan.from_dict(r) for r in d["ranks"]),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from typing import Any
 
+from recscale.comm.precision import CommsConfig
 from recscale.config import ConfigError
 
 
@@ -33,7 +34,6 @@ TIERS: tuple[str, ...] = ("hbm", "ddr", "ssd")
 # per vector, added where it is communicated.
 PRECISION_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 WEIGHT_PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
-COMM_PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8")
 # Optimizer state per row of a shard with `d` columns, in fp32 floats: (per row, per element).
 OPTIMIZER_STATE: dict[str, tuple[int, int]] = {
     "exact_sgd": (0, 0),
@@ -214,46 +214,14 @@ class TableSpec:
 
 
 @dataclass(frozen=True)
-class CommsPrecision:
-    """Wire precision per direction: pooled outputs (forward), their gradients (backward), and the
-    data-parallel gradient all-reduce. Accepts ``"fp16"`` (all directions) or a dict such as
-    ``{"forward": "fp16", "backward": "bf16", "dense_allreduce": "bf16"}``."""
-
-    forward: str = "fp32"
-    backward: str = "fp32"
-    dense_allreduce: str = "fp32"
-
-    def __post_init__(self) -> None:
-        for f in ("forward", "backward", "dense_allreduce"):
-            object.__setattr__(self, f, _choice(f"comms.{f}", getattr(self, f), COMM_PRECISIONS))
-
-    @classmethod
-    def coerce(cls, value: Any) -> CommsPrecision:
-        if value is None:
-            return cls()
-        if isinstance(value, CommsPrecision):
-            return value
-        if isinstance(value, str):
-            return cls(value, value, value)
-        if isinstance(value, Mapping):
-            _check_keys("comms", value, cls)
-            return cls(**value)
-        _fail("comms", value, "a precision name or a mapping with forward/backward/dense_allreduce")
-        raise AssertionError  # unreachable
-
-    def to_dict(self) -> dict[str, str]:
-        return {"forward": self.forward, "backward": self.backward,
-                "dense_allreduce": self.dense_allreduce}
-
-
-@dataclass(frozen=True)
 class PlannerOptions:
     """Knobs of ``plan_sharding``; every one has a default.
 
     - ``optimizer``: sets optimizer-state bytes per row (exact_sgd 0, exact_rowwise_adagrad 1 float,
       exact_adagrad D floats, adam 2*D floats).
     - ``weight_precision``: bytes per stored weight (fp32/fp16/bf16).
-    - ``comms``: wire precision per direction (``CommsPrecision``, a name, or a dict).
+    - ``comms``: wire precision per direction (``recscale.comm.CommsConfig``, a name, or a dict; the
+      runtime reads the same config).
     - ``memory_fraction``: share of each tier's capacity the planner may fill (rest is headroom for
       activations, the dense model and allocator slack).
     - ``column_granularity`` / ``min_column_width``: column shards are multiples of the granularity
@@ -275,7 +243,7 @@ class PlannerOptions:
 
     optimizer: str = "exact_rowwise_adagrad"
     weight_precision: str = "fp32"
-    comms: CommsPrecision = field(default_factory=CommsPrecision)
+    comms: CommsConfig = field(default_factory=CommsConfig)
     memory_fraction: float = 0.9
     column_granularity: int = 4
     min_column_width: int = 16
@@ -291,7 +259,7 @@ class PlannerOptions:
     def __post_init__(self) -> None:
         _choice("optimizer", self.optimizer, tuple(OPTIMIZER_STATE))
         _choice("weight_precision", self.weight_precision, WEIGHT_PRECISIONS)
-        object.__setattr__(self, "comms", CommsPrecision.coerce(self.comms))
+        object.__setattr__(self, "comms", CommsConfig.coerce(self.comms))
         mf = _positive_float("memory_fraction", self.memory_fraction)
         if mf > 1:
             _fail("memory_fraction", self.memory_fraction, "a number in (0, 1]")

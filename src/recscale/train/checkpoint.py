@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from recscale.config import check
+from recscale.config import Validated, check
 
 log = logging.getLogger(__name__)
 # DCP logs every save/load phase at DEBUG on its own logger; that drowns a test's captured log
@@ -48,7 +48,7 @@ RESUME_MODES = ("restart", "latest", "never")
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
+class CheckpointConfig(Validated):
     """``train.checkpoint``: where and how often to checkpoint, and what to resume from."""
 
     dir: str | None = None  # null: no checkpoints

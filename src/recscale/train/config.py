@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from recscale.comm.codecs import CommsConfig
-from recscale.config import check, check_choice
+from recscale.comm import CommsConfig
+from recscale.config import Validated, check, check_choice
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
 from recscale.embedding.tiered import TierConfig
 from recscale.train.checkpoint import CheckpointConfig
@@ -16,7 +16,7 @@ FAULT_KINDS = ("kill", "nan")
 
 
 @dataclass(frozen=True)
-class FaultInjection:
+class FaultInjection(Validated):
     """``train.fault_injection``: for tests and drills. ``kill``: rank ``rank`` SIGKILLs itself
     when it reaches step ``step``; ``nan``: its batch of that step gets a NaN feature (the NaN
     guard must stop the run). Fires only in elastic attempt ``attempt`` (0: the first start), so
@@ -35,7 +35,7 @@ class FaultInjection:
 
 
 @dataclass(frozen=True)
-class DenseOptimizerConfig:
+class DenseOptimizerConfig(Validated):
     name: str = "adagrad"
     learning_rate: float = 0.05
     momentum: float = 0.0
@@ -49,7 +49,7 @@ class DenseOptimizerConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Validated):
     batch_size: int = 2048  # per rank; global batch = batch_size x world_size
     epochs: int = 1
     max_steps: int | None = None

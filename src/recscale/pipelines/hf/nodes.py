@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from recscale.config import ConfigError, parse, to_dict
+from recscale.config import ConfigError, Validated, parse, to_dict
 from recscale.data.frames import FrameFeatures, SpeechFramesConfig, prepare_speech_frames
 from recscale.data.idx import MnistConfig, prepare_mnist
 from recscale.optim.config import HessianFreeConfig
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class HFRunConfig:
+class HFRunConfig(Validated):
     """A ``hf`` / ``hf_speech`` parameter block without its ``data`` entry."""
 
     model: NetConfig = field(default_factory=NetConfig)

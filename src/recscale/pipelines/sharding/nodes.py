@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from recscale.comm.codecs import CommsConfig
+from recscale.comm import CommsConfig
 from recscale.config import ConfigError, parse
 from recscale.pipelines.common import as_metrics
 from recscale.sharding import Topology, plan_sharding, save_chart
@@ -46,7 +46,7 @@ def plan_tables(dataset_manifest: dict, sharding_params: dict, model_params: dic
     opts = {"optimizer": train_params.get("embedding_optimizer", {}).get(
         "name", "exact_rowwise_adagrad"), **(sharding_params.get("options") or {})}
     if comms_params is not None:  # the planner prices the wire precisions the run will use
-        opts["comms"] = parse(CommsConfig, comms_params, "comms").planner()
+        opts["comms"] = parse(CommsConfig, comms_params, "comms")
     plan = plan_sharding(table_specs_from_manifest(dataset_manifest, model_params["embedding_dim"]), topo,
                          train_params["batch_size"], opts)
     log.info("sharding plan\n%s", plan.report())

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from recscale import __version__
-from recscale.comm.codecs import CommsConfig
+from recscale.comm import CommsConfig
 from recscale.config import parse, to_dict
 from recscale.evaluate import plots
 from recscale.model import ModelConfig
