@@ -21,7 +21,35 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from recscale.train.config import TrainConfig
+from recscale.config import Validated, check
+
+
+@dataclass(frozen=True)
+class LaunchConfig(Validated):
+    """How many workers, on how many hosts, and the deadlines of their waits (``train.launch``)."""
+
+    world_size: int = 1
+    nnodes: int = 1
+    rdzv_endpoint: str = "127.0.0.1:0"
+    max_restarts: int = 0
+    collective_timeout_s: float = 300.0
+    exit_timeout_s: float = 60.0
+
+    def validate(self, prefix: str = "train.launch") -> None:
+        check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
+        check(self.nnodes >= 1 and self.world_size % self.nnodes == 0, f"{prefix}.nnodes",
+              self.nnodes, f"a divisor of {prefix}.world_size={self.world_size}")
+        check(":" in self.rdzv_endpoint, f"{prefix}.rdzv_endpoint", self.rdzv_endpoint, "host:port")
+        check(self.max_restarts >= 0, f"{prefix}.max_restarts", self.max_restarts, ">= 0")
+        check(self.collective_timeout_s > 0, f"{prefix}.collective_timeout_s",
+              self.collective_timeout_s, "> 0")
+        check(self.exit_timeout_s > 0, f"{prefix}.exit_timeout_s", self.exit_timeout_s, "> 0")
+
+
+def set_threads(num_threads: int | None, local_world_size: int = 1) -> int:
+    n = num_threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    torch.set_num_threads(n)
+    return n
 
 
 def in_torchrun() -> bool:
@@ -75,7 +103,7 @@ def _root_cause(error_dir: str) -> str | None:
     return msg
 
 
-def launch(fn: Callable[..., Any], args: tuple, cfg: TrainConfig) -> dict[int, Any]:
+def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, Any]:
     if in_torchrun():
         return {int(os.environ["RANK"]): fn(*args)}
     import tempfile
@@ -126,10 +154,10 @@ class WorkerContext:
     sparse_group: Any  # process group for the embedding collectives (DDP uses the default one)
 
 
-def init_worker(cfg: TrainConfig) -> WorkerContext:
+def init_worker(cfg: LaunchConfig, device: str = "cpu") -> WorkerContext:
     """Join the process group the launcher prepared (env://) and pick device and backend."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
