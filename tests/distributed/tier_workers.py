@@ -99,7 +99,7 @@ def tiered_parity_worker(optimizers: list[str], steps: list[list[dict]], scratch
                         "tables": [t.numpy() for t in tables[0]],
                         "states": [[x.numpy() for x in st] for st in tables[1]],
                         "dense": {k: v.detach().numpy()
-                                  for k, v in model._dense().state_dict().items()},
+                                  for k, v in model.dense.state_dict().items()},
                         "stats": stats, "embedding_bytes": mem,
                         "local_kinds": type(emb.local).__name__,
                     }

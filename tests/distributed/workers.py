@@ -124,7 +124,7 @@ def parity_worker(scenarios: list[dict], steps: list[list[dict]]) -> dict:
                 out[sc["name"]] = {
                     "pooled": np.concatenate(gathered),
                     "tables": [t.numpy() for t in tables[0]],
-                    "dense": {k: v.detach().numpy() for k, v in model._dense().state_dict().items()},
+                    "dense": {k: v.detach().numpy() for k, v in model.dense.state_dict().items()},
                     "bytes": stats.snapshot(),
                 }
     finally:

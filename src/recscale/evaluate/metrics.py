@@ -62,3 +62,14 @@ def binary_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
         "ctr": ctr,
         "count": float(y.size),
     }
+
+
+def metrics_with_oracle(labels: np.ndarray, probs: np.ndarray, rows: np.ndarray,
+                        oracle: np.ndarray | None = None) -> dict[str, float]:
+    """binary_metrics, plus the oracle AUC of the same rows when the true probabilities are known
+    (``oracle[rows]``: the generator's click probability of each row)."""
+    m = binary_metrics(labels, probs)
+    if oracle is not None and np.asarray(labels).size:
+        m["oracle_auc"] = auc_score(labels, np.asarray(oracle)[rows])
+        m["auc_gap_to_oracle"] = m["oracle_auc"] - m["auc"]
+    return m

@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from recscale.config import Validated, check, check_choice
 from recscale.data.batch import SparseFeatures
@@ -126,17 +127,20 @@ class DLRM(nn.Module):
             torch.manual_seed(seed)
             self.dense_arch = DenseArch(num_dense, num_tables, cfg)
 
-    def _dense(self) -> DenseArch:
+    @property
+    def dense(self) -> DenseArch:
+        """The dense arch itself (under the sharded runtime ``dense_arch`` is its DDP wrapper):
+        what checkpoints save and a single-process model loads."""
         arch = self.dense_arch
-        return arch.module if hasattr(arch, "module") else arch  # unwrap DDP
+        return arch.module if isinstance(arch, DistributedDataParallel) else arch
 
     @property
     def bottom(self) -> MLP:
-        return self._dense().bottom
+        return self.dense.bottom
 
     @property
     def top(self) -> MLP:
-        return self._dense().top
+        return self.dense.top
 
     def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
         """-> click logits [B] (fp32). Sharded embeddings with ``overlap_output`` set hand the
@@ -149,7 +153,7 @@ class DLRM(nn.Module):
 
     def dense_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters for the dense optimizer (the embeddings update themselves in backward)."""
-        yield from self._dense().parameters()
+        yield from self.dense.parameters()
 
 
 def build_dlrm(

@@ -4,9 +4,30 @@ from __future__ import annotations
 
 import math
 
+from kedro.pipeline import Node
+
+from recscale.config import parse
+from recscale.train import DLRMConfig
+
+DLRM_BLOCKS = ("data", "preprocess", "sharding", "comms", "model", "train", "evaluate")
+
 
 def as_metrics(values: dict[str, float], step: int = 0) -> dict[str, dict]:
     """{name: number} -> the {name: {value, step}} form kedro-mlflow's metrics dataset logs.
     Non-finite values are left out (MLflow rejects NaN in some stores); the caller logs them."""
     return {k: {"value": float(v), "step": step} for k, v in values.items()
             if v is not None and math.isfinite(float(v))}
+
+
+def parse_dlrm_config(data: dict, preprocess: dict, sharding: dict, comms: dict, model: dict,
+                      train: dict, evaluate: dict) -> DLRMConfig:
+    """Every block of parameters_dlrm.yml into one typed config, once per run; a bad key or
+    value fails here, before any work, naming the full key."""
+    return parse(DLRMConfig, dict(zip(DLRM_BLOCKS, (data, preprocess, sharding, comms, model,
+                                                     train, evaluate))), "")
+
+
+def dlrm_config_node() -> Node:
+    """The first node of every DLRM pipeline (identical in each, so joined pipelines run it once)."""
+    return Node(parse_dlrm_config, [f"params:{b}" for b in DLRM_BLOCKS], "dlrm_config",
+                name="parse_dlrm_config")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from recscale.config import Validated, check, check_choice
+from recscale.train import DLRMConfig
 
 WARM_START_SOURCES = ("checkpoint", "latest", "champion")
 
@@ -48,3 +49,10 @@ class RetrainConfig(Validated):
               self.alias, "a name of letters, digits, _ or - (MLflow reserves 'latest' and v<N>)")
         check(self.min_auc_gain >= -1 and self.min_auc_gain <= 1, f"{prefix}.min_auc_gain",
               self.min_auc_gain, "a number in [-1, 1]")
+
+
+@dataclass(frozen=True)
+class DLRMRetrainConfig(DLRMConfig):
+    """The root config of ``dlrm_retrain``: every DLRM block plus ``retrain``."""
+
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)

@@ -1,10 +1,15 @@
 """The promotion rule: the challenger takes the alias only when it scores at least as well as
-the champion on the same evaluation rows."""
+the champion on the same evaluation rows; and the comparison that feeds it."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from recscale.evaluate import metrics_with_oracle
+from recscale.train import model_from_resolved, score_split
 
 
 @dataclass(frozen=True)
@@ -27,3 +32,41 @@ def decide_promotion(challenger_auc: float, champion_auc: float | None, min_gain
                               f"{champion_auc:.4f} + {min_gain:g} on {eval_data}")
     return Decision(False, f"challenger AUC {challenger_auc:.4f} < champion AUC "
                            f"{champion_auc:.4f} + {min_gain:g} on {eval_data}: champion kept")
+
+
+@dataclass
+class Comparison:
+    """Challenger and champion scored on the same held-out rows, and the decision."""
+
+    challenger: dict[str, float]  # metrics (with the oracle AUC when the data is synthetic)
+    champion_auc: float | None
+    decision: Decision
+    scored: dict[str, tuple] = field(default_factory=dict)  # name -> (labels, probabilities)
+
+
+def compare_with_champion(challenger, manifest: dict, batch_size: int, min_gain: float,
+                          champion: tuple[str, dict, dict] | None = None) -> Comparison:
+    """Score the challenger model on the manifest's test split and, when there is a champion
+    (``(name, state_dict, resolved config)``), the champion on the same rows; decide by
+    ``decide_promotion``. A champion whose tables have other sizes cannot be scored on these
+    rows: the challenger is then not promoted and the reason says so."""
+    where = manifest["eval_data"]
+    oracle = (np.concatenate([np.load(o, mmap_mode="r") for o in manifest["oracle_paths"]])
+              if manifest.get("oracle_paths") else None)
+    s = score_split(challenger, manifest, "test", batch_size)
+    metrics = metrics_with_oracle(s.labels, s.probs, s.rows, oracle)
+    scored = {"challenger": (s.labels, s.probs)}
+    champion_auc = None
+    if champion is not None:
+        name, state, resolved = champion
+        if list(resolved.get("table_sizes") or []) != list(manifest["table_sizes"]):
+            return Comparison(metrics, None, Decision(False, (
+                f"champion {name} hashes ids into tables of other sizes "
+                f"({resolved.get('table_sizes')} vs {manifest['table_sizes']}): it cannot be "
+                "scored on the same rows, so the challenger is not promoted; move the alias by "
+                "hand")), scored)
+        c = score_split(model_from_resolved(resolved, state), manifest, "test", batch_size)
+        champion_auc = metrics_with_oracle(c.labels, c.probs, c.rows)["auc"]
+        scored[name] = (c.labels, c.probs)
+    return Comparison(metrics, champion_auc,
+                      decide_promotion(metrics["auc"], champion_auc, min_gain, where), scored)

@@ -1,14 +1,15 @@
 """Where a retrain starts from, and training from that state.
 
 A warm-start source is a function that returns a ``WarmStart`` (a state_dict and the resolved
-config it was trained with) or None when it has nothing. ``first_warm_start`` tries sources in
-order. ``state_dict_file_source`` reads the previous retrain's model file; the MLflow champion
-source lives on the Kedro side (recscale.pipelines.retrain) because the library never imports
-MLflow. A checkpoint directory (issue 9) plugs in as one more source function.
+config it was trained with, or a checkpoint directory) or None when it has nothing.
+``first_warm_start`` tries sources in order. ``state_dict_file_source`` reads the previous
+retrain's model file and ``checkpoint_source`` its newest checkpoint; the MLflow champion source
+lives on the Kedro side (recscale.pipelines.retrain) because the library never imports MLflow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,10 +20,8 @@ from pathlib import Path
 import torch
 
 from recscale.config import ConfigError
-from recscale.model import ModelConfig
-from recscale.train import TrainConfig
-from recscale.train.api import TrainOutcome, build_model_for
-from recscale.train.loop import resolve_device, set_threads
+from recscale.retrain.config import DLRMRetrainConfig
+from recscale.train import TrainOutcome, plan_for_run, train_dlrm
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ LATEST_FILE = "latest.pt"
 
 @dataclass
 class WarmStart:
-    source: str  # "latest", "champion", ... or "cold"
+    source: str  # "latest", "champion", "checkpoint" or "cold"
     state: dict[str, torch.Tensor] | None = None
     config: dict = field(default_factory=dict)  # resolved config: model, train, table_sizes
     detail: str = ""
@@ -98,37 +97,26 @@ def checkpoint_source(checkpoint_dir: str | os.PathLike) -> WarmStartSource:
     return load
 
 
-def train_warm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-               warm: WarmStart | None = None, checkpoint_dir: str | None = None) -> TrainOutcome:
-    """Train on the manifest's train split starting from ``warm`` (single process).
+def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = None,
+               checkpoint_dir: str | None = None) -> TrainOutcome:
+    """Train on the manifest's train split starting from ``warm``, on the same path as every
+    other run (``train_dlrm``: one process, the plan's memory tiers, a CPU model back).
 
     From a checkpoint, the run starts with its weights and optimizer state; from a state_dict
-    (``latest``, ``champion``) the optimizers start fresh. With ``checkpoint_dir`` the run writes
-    its own checkpoints there (the next retrain's ``checkpoint`` source)."""
-    import dataclasses
-
-    from recscale.train.api import train_in_process
-
-    ck = train_cfg.checkpoint
-    ck = dataclasses.replace(ck, dir=str(checkpoint_dir) if checkpoint_dir else ck.dir,
-                             resume="never",
-                             init_from=warm.checkpoint if warm is not None else None)
-    train_cfg = dataclasses.replace(train_cfg, checkpoint=ck)
-    if train_cfg.world_size != 1:
-        raise ConfigError(f"train.world_size={train_cfg.world_size} is not allowed in dlrm_retrain: "
-                          "expected 1 (warm-starting the sharded runtime waits for checkpoints)")
-    device = resolve_device(train_cfg.device)
-    threads = set_threads(train_cfg.num_threads)
-    model = build_model_for(manifest, model_cfg, train_cfg, device)
-    if warm is not None and warm.state is not None:
-        if warm.table_sizes is not None and list(warm.table_sizes) != list(manifest["table_sizes"]):
-            raise ValueError(f"warm start from {warm.source} has table sizes {warm.table_sizes} "
-                             f"but the data has {manifest['table_sizes']}")
-        try:
-            model.load_state_dict(warm.state)
-        except RuntimeError as exc:
-            raise ValueError(f"the {warm.source} model does not fit model={model_cfg}: {exc}. "
-                             "Change the model back, or set retrain.warm_start: [] to start "
-                             "cold") from None
-    result = train_in_process(model, manifest, model_cfg, train_cfg, device)
-    return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
+    (``latest``, ``champion``) with its tables and their optimizer state, the dense optimizer
+    fresh. With ``checkpoint_dir`` the run writes its own checkpoints there (the next retrain's
+    ``checkpoint`` source)."""
+    if cfg.train.world_size != 1:
+        raise ConfigError(f"train.launch.world_size={cfg.train.world_size} is not allowed in "
+                          "dlrm_retrain: expected 1 (retraining runs in one process)")
+    ck = dataclasses.replace(cfg.train.checkpoint,
+                             dir=str(checkpoint_dir) if checkpoint_dir else cfg.train.checkpoint.dir,
+                             resume="never", init_from=warm.checkpoint if warm else None)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint=ck))
+    state = warm.state if warm is not None else None
+    if state is not None and warm.table_sizes is not None \
+            and list(warm.table_sizes) != list(manifest["table_sizes"]):
+        raise ValueError(f"warm start from {warm.source} has table sizes {warm.table_sizes} "
+                         f"but the data has {manifest['table_sizes']}")
+    return train_dlrm(manifest, cfg.model, cfg.train, plan=plan_for_run(manifest, cfg),
+                      comms=cfg.comms, init_state=state)

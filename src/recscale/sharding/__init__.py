@@ -13,6 +13,7 @@ from .plan import RankPlan, ShardingPlan, ShardSpec, TablePlan
 from .planner import plan_sharding
 from .report import format_report, save_chart
 from .topology import PRESETS, Topology
+from .config import ShardingConfig
 from .types import (
     OPTIMIZER_STATE,
     SHARDING_TYPES,
@@ -36,6 +37,7 @@ __all__ = [
     "RankPlan",
     "ShardSpec",
     "ShardingPlan",
+    "ShardingConfig",
     "ShardingType",
     "TablePlan",
     "TableConstraints",

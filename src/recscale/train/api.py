@@ -1,4 +1,4 @@
-"""Entry points the Kedro nodes (and notebooks) call: train and evaluate a DLRM from a manifest.
+"""Entry points the Kedro nodes (and notebooks) call: plan, train and describe a DLRM run.
 
 ``manifest`` is the dict that preprocessing writes (``_manifest.json``): split files, table sizes.
 """
@@ -6,29 +6,73 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
+from recscale import __version__
+from recscale.comm import CommsConfig
+from recscale.config import to_dict
 from recscale.data.criteo import NUM_DENSE
-from recscale.data.loader import LoaderConfig, count_rows, make_loader
-from recscale.evaluate.metrics import auc_score, binary_metrics
+from recscale.data.loader import count_rows
+from recscale.distributed import in_torchrun, launch, set_threads
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
-from recscale.train.checkpoint import model_fingerprint
-from recscale.train.config import TrainConfig
-from recscale.train.loop import TrainResult, predict, resolve_device, set_threads, train_epochs
+from recscale.sharding import ShardingPlan, Topology, plan_sharding
+from recscale.sharding.from_data import table_specs_from_manifest
+from recscale.train.checkpoint import Checkpointer, model_fingerprint
+from recscale.train.config import DLRMConfig, TrainConfig
+from recscale.train.loop import run_loop
+from recscale.train.runtime import LocalRuntime
+from recscale.train.sharded import (
+    default_out_dir,
+    loader_data,
+    sharded_train_worker,
+    summarize,
+)
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
+class TrainResult:
+    """The run's counters and metrics (``extra``: per-rank time split, bytes, tiers, ...)."""
+
+    steps: int = 0
+    samples: int = 0
+    step_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    final_loss: float = float("nan")
+    history: dict[str, list[dict]] | None = None
+    extra: dict[str, float] | None = None
+    checkpoints: tuple[str, ...] = ()
+    resumed_samples: int = 0  # samples trained before the checkpoint this run resumed from
+
+    @property
+    def samples_per_s(self) -> float:
+        new = self.samples - self.resumed_samples
+        return new / self.step_seconds if self.step_seconds > 0 else float("nan")
+
+
+@dataclass
 class TrainOutcome:
-    model: DLRM
+    model: DLRM  # an ordinary in-memory CPU model, whatever device, tier or ranks trained it
     result: TrainResult
     table_sizes: tuple[int, ...]
     threads: int
     device: str
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device='cuda' is not allowed here: no CUDA device is available")
+    return torch.device(name)
 
 
 def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -38,15 +82,33 @@ def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
                       placements=placements, tiers=train_cfg.tiers)
 
 
+def plan_for_run(manifest: dict, cfg: DLRMConfig) -> ShardingPlan:
+    """The sharding plan of a run: the tables of ``manifest`` on ``sharding.topology`` for
+    ``sharding.world_size`` (null: ``train.launch.world_size``) ranks at the run's per-rank batch,
+    with the run's embedding optimizer and wire precisions. ``train.tiers.ram_budget_bytes`` gives
+    each rank that much RAM for embeddings and an SSD tier (the free space of
+    ``train.tiers.scratch_dir``), so larger tables are planned onto SSD."""
+    sh, train = cfg.sharding, cfg.train
+    topo = Topology.preset(sh.topology, world_size=sh.world_size or train.world_size,
+                           local_world_size=sh.local_world_size)
+    if train.tiers.ram_budget_bytes is not None:
+        scratch = train.tiers.scratch_dir or tempfile.gettempdir()
+        os.makedirs(scratch, exist_ok=True)
+        free = shutil.disk_usage(scratch).free / topo.local_world_size
+        topo = topo.with_ram_budget(train.tiers.ram_budget_bytes, free)
+    opts = {**sh.options.to_dict(), "optimizer": train.embedding_optimizer.name,
+            "comms": cfg.comms}
+    tables = table_specs_from_manifest(manifest, cfg.model.embedding_dim)
+    return plan_sharding(tables, topo, train.batch_size_per_rank, opts)
+
+
 def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
     """One process: each table's placement from the plan (the tier and cache fraction of its
     shard), in ``feature_names`` order; None when every table is in the compute tier."""
     from recscale.embedding.tiered import placement_for
-    from recscale.sharding import ShardingPlan
 
     if plan is None:
         return None
-    plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
     by_feature = {f: tp for tp in plan.tables for f in tp.feature_names}
     out = []
     for f in feature_names:
@@ -59,13 +121,58 @@ def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
 
 
 def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-               plan=None, out_dir: str | None = None) -> TrainOutcome:
-    """Train on the manifest's train split: in this process when ``train.world_size`` is 1, else
-    sharded over ``world_size`` workers as ``plan`` (a ShardingPlan or its dict) says."""
-    from recscale.train.launch import in_torchrun
+               plan: ShardingPlan | dict | None = None, out_dir: str | None = None,
+               comms: CommsConfig | None = None,
+               init_state: dict[str, torch.Tensor] | None = None) -> TrainOutcome:
+    """Train on the manifest's train split: in this process when ``train.launch.world_size`` is
+    1, else sharded over that many workers as ``plan`` says (under torchrun: as this process's
+    rank; every rank returns the trained model). ``init_state``: a state_dict to start from (a
+    warm start; one process). Checks that every train row was trained on, once per epoch."""
+    comms = comms or CommsConfig()
+    if isinstance(plan, dict):
+        plan = ShardingPlan.from_dict(plan)
+    rows = count_rows(manifest["splits"]["train"]["files"])
+    if rows == 0:
+        raise ValueError("the train split is empty: check preprocess.splits and the input data")
+    sharded = train_cfg.world_size > 1 or in_torchrun()
+    if plan is not None and (sharded or plan.world_size == 1):
+        plan.check_matches(batch_size_per_rank=train_cfg.batch_size_per_rank,
+                           world_size=train_cfg.world_size, comms=comms if sharded else None)
+    if sharded:
+        if init_state is not None:
+            raise ValueError("init_state (a warm start from a state_dict) runs in one process; "
+                             "the sharded runtime warm-starts from train.checkpoint.init_from")
+        model, results = _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir)
+        threads = train_cfg.num_threads or 0
+    else:
+        model, results, threads = _train_local(manifest, model_cfg, train_cfg, plan, init_state)
+    s = summarize(results)
+    result = TrainResult(steps=s["steps"], samples=s["samples"], step_seconds=s["step_seconds"],
+                         wall_seconds=s["wall_seconds"], final_loss=s["final_loss"],
+                         history=results[min(results)]["history"], extra=s,
+                         checkpoints=tuple(results[min(results)]["checkpoints"]),
+                         resumed_samples=s["resumed_samples"])
+    check_rows_trained(result, rows, train_cfg)
+    log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
+             result.steps, result.samples, result.samples_per_s, result.final_loss)
+    return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads,
+                        str(resolve_device(train_cfg.device)))
 
-    if train_cfg.world_size > 1 or in_torchrun():
-        return _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir)
+
+def check_rows_trained(result: TrainResult, rows: int, train_cfg: TrainConfig) -> None:
+    """Every train row trained on once per epoch (unless ``max_steps`` cut the run short, or a
+    resume under another world size restarted the interrupted epoch)."""
+    if result.extra.get("resharded"):
+        log.warning("resumed from a checkpoint of another world size: the interrupted epoch was "
+                    "restarted, so rows of it were read again")
+        return
+    expected = rows * train_cfg.epochs
+    if train_cfg.max_steps is None and result.samples != expected:
+        raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
+                           f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
+
+
+def _train_local(manifest, model_cfg, train_cfg, plan, init_state):
     device = resolve_device(train_cfg.device)
     threads = set_threads(train_cfg.num_threads)
     # tables the plan puts on a slower tier (e.g. beyond train.tiers.ram_budget_bytes) train
@@ -73,36 +180,37 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     placements = placements_from_plan(plan, manifest["sparse_features"], device.type,
                                       train_cfg.tiers)
     model = build_model_for(manifest, model_cfg, train_cfg, device, placements)
-    result = train_in_process(model, manifest, model_cfg, train_cfg, device)
-    if placements is not None or device.type != "cpu":
-        # the outcome is an ordinary in-memory CPU model, whatever device or tier trained it
-        model = to_cpu_model(model, manifest, model_cfg, train_cfg)
-    return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads, str(device))
-
-
-def train_in_process(model: DLRM, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                     device: torch.device) -> TrainResult:
-    """Train ``model`` in this process on the manifest's train split (checkpoints as
-    ``train.checkpoint`` says) and check that every row was trained on, once per epoch."""
+    if init_state is not None:
+        load_state_into(model, init_state, manifest, model_cfg, train_cfg)
+    ckpt = None
+    if train_cfg.checkpoint.dir is not None:
+        ckpt = Checkpointer(train_cfg.checkpoint, new_run_id(),
+                            fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
     files = manifest["splits"]["train"]["files"]
-    rows = count_rows(files)
-    if rows == 0:
-        raise ValueError("the train split is empty: check preprocess.splits and the input data")
-    loader_cfg = LoaderConfig(batch_size=train_cfg.batch_size, reader_workers=train_cfg.reader_workers,
-                              prefetch=train_cfg.prefetch, pin_memory=device.type == "cuda")
-    result = train_epochs(
-        model, None, train_cfg, make_epoch=lambda: make_loader(files, loader_cfg),
-        total_steps=-(-rows // train_cfg.batch_size) * train_cfg.epochs, device=device,
-        run_id=new_run_id(), fingerprint=model_fingerprint(manifest, model_cfg, train_cfg),
-    )
-    expected = rows * train_cfg.epochs
-    if result.extra.get("resharded"):
-        log.warning("resumed from a checkpoint of another world size: the interrupted epoch was "
-                    "restarted, so rows of it were read again")
-    elif train_cfg.max_steps is None and result.samples != expected:
-        raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
-                           f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
-    return result
+    res = run_loop(LocalRuntime(model, train_cfg, device),
+                   loader_data(files, train_cfg, 0, 1, device), train_cfg, ckpt)
+    if placements is not None or device.type != "cpu":
+        model = to_cpu_model(model, manifest, model_cfg, train_cfg)
+    return model, {0: res.__dict__}, threads
+
+
+def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir):
+    if plan is None:
+        raise ValueError("train.launch.world_size > 1 needs a sharding plan (the sharding "
+                         "pipeline makes one)")
+    out_dir = out_dir or default_out_dir()
+    # one id per launch: elastic restarts of the worker group resume from its checkpoints
+    results = launch(sharded_train_worker,
+                     (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
+                      plan.to_dict(), out_dir, new_run_id()), train_cfg.launch)
+    mine = results[min(results)]
+    if mine["state_path"] is None or not os.path.exists(mine["state_path"]):
+        raise RuntimeError(f"rank {mine['rank']} cannot read the model rank 0 wrote at "
+                           f"{mine['state_path']}: ranks on several hosts need an out_dir "
+                           "they all see")
+    model = build_model_for(manifest, model_cfg, train_cfg)
+    model.load_state_dict(torch.load(mine["state_path"], weights_only=True))
+    return model, results
 
 
 def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, tables,
@@ -116,7 +224,7 @@ def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfi
         for dst_t, src_t in zip(cpu.embeddings.split_optimizer_states() or [], states or []):
             for dst, src in zip(dst_t, src_t):
                 dst.copy_(src.view_as(dst))
-        cpu.dense_arch.load_state_dict(dense_state)
+        cpu.dense.load_state_dict(dense_state)
     return cpu
 
 
@@ -128,72 +236,60 @@ def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
     tiered module's scratch files are released afterwards."""
     emb = model.embeddings
     cpu = cpu_model_from(manifest, model_cfg, train_cfg, emb.split_weights(),
-                         emb.split_optimizer_states(), model._dense().state_dict())
-    if callable(getattr(emb, "close", None)):
-        emb.close()
+                         emb.split_optimizer_states(), model.dense.state_dict())
+    emb.close()
     return cpu
 
 
-def evaluate_dlrm(model: DLRM, manifest: dict, split: str, batch_size: int,
-                  oracle_probs: np.ndarray | None = None) -> dict[str, float]:
-    """Click metrics of ``model`` on one split; with the generator's true probabilities, also the
-    oracle AUC of the same rows (the best any model can expect)."""
-    files = manifest["splits"][split]["files"]
-    loader = make_loader(files, LoaderConfig(batch_size=batch_size))
-    labels, probs, rows = predict(model, loader)
-    expected = manifest["splits"][split]["rows"]
-    if labels.size != expected:
-        raise RuntimeError(f"evaluated {labels.size} rows of {split} but it holds {expected}")
-    metrics = binary_metrics(labels, probs)
-    if oracle_probs is not None and labels.size:
-        metrics["oracle_auc"] = auc_score(labels, oracle_probs[rows])
-        metrics["auc_gap_to_oracle"] = metrics["oracle_auc"] - metrics["auc"]
-    return metrics
+def load_state_into(model: DLRM, state: dict[str, torch.Tensor], manifest: dict,
+                    model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
+    """The inverse of ``to_cpu_model``: the state_dict of an in-memory CPU model (tables,
+    embedding-optimizer state, dense layers) into ``model`` on any device or tier, table by
+    table (a warm start)."""
+    ref = build_model_for(manifest, model_cfg, train_cfg, "cpu")
+    try:
+        ref.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ValueError(f"the warm-start state does not fit model={model_cfg} with table sizes "
+                         f"{manifest['table_sizes']}: {exc}") from None
+    emb, src = model.embeddings, ref.embeddings
+    with torch.no_grad():
+        for dst, w in zip(emb.split_weights(), src.split_weights()):
+            dst.copy_(w)
+        for dst_t, src_t in zip(emb.split_optimizer_states() or [], src.split_optimizer_states() or []):
+            for dst, x in zip(dst_t, src_t):
+                dst.copy_(x.view_as(dst))
+    emb.flush()  # a slow tier's copy is durable before training reads it
+    model.dense.load_state_dict(ref.dense.state_dict())
+
+
+def model_from_resolved(resolved: dict, state: dict[str, torch.Tensor]) -> DLRM:
+    """The in-memory CPU model a resolved config (``resolved_config``) describes, holding
+    ``state``: what evaluation and the retrain's champion load (only the model block, the table
+    sizes and the embedding optimizer matter, so configs of older runs load too)."""
+    from recscale.config import parse
+    from recscale.embedding import EmbeddingOptimizerConfig
+
+    train = resolved.get("train", {})
+    model = build_dlrm(parse(ModelConfig, resolved["model"], "model"), resolved["table_sizes"],
+                       NUM_DENSE, parse(EmbeddingOptimizerConfig, train.get("embedding_optimizer"),
+                                        "train.embedding_optimizer"), seed=train.get("seed", 0))
+    model.load_state_dict(state)
+    return model
 
 
 def new_run_id() -> str:
-    import time
-    import uuid
-
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcome:
-    from recscale.config import to_dict
-    from recscale.sharding import ShardingPlan
-    from recscale.train.launch import in_torchrun, launch
-    from recscale.train.sharded import default_out_dir, sharded_train_worker, summarize
+def resolved_config(cfg: DLRMConfig, outcome: TrainOutcome, dataset_manifest: dict,
+                    **extra) -> dict:
+    """What a trained model was made with: every config block as it ran, the table sizes and the
+    runtime (device, threads, versions); ``extra`` adds e.g. the warm start of a retrain."""
+    from recscale.embedding import FBGEMM_VERSION
 
-    if plan is None:
-        raise ValueError("train.world_size > 1 needs a sharding plan (the sharding pipeline makes one)")
-    plan_d = plan.to_dict() if isinstance(plan, ShardingPlan) else plan
-    if plan_d["topology"]["world_size"] != train_cfg.world_size:
-        raise ValueError(f"the sharding plan is for world_size={plan_d['topology']['world_size']}, "
-                         f"train.world_size={train_cfg.world_size}: plan again for this world size")
-    out_dir = out_dir or default_out_dir()
-    # one id per launch: elastic restarts of the worker group resume from its checkpoints
-    run_id = new_run_id()
-    results = launch(sharded_train_worker,
-                     (manifest, to_dict(model_cfg), to_dict(train_cfg), plan_d, out_dir, run_id),
-                     train_cfg)
-    summary = summarize(results)
-    r0 = results.get(0)
-    if r0 is None:  # another host (or, under torchrun, another process) holds rank 0
-        if in_torchrun():
-            return None
-        raise RuntimeError("rank 0 ran on another host: its node records the run")
-    expected = count_rows(manifest["splits"]["train"]["files"]) * train_cfg.epochs
-    if r0.get("resharded"):
-        log.warning("resumed from %s, written by another number of ranks: the interrupted epoch "
-                    "was restarted, so rows of it were read again", r0["resumed_from"])
-    elif train_cfg.max_steps is None and summary["samples"] != expected:
-        raise RuntimeError(f"trained on {summary['samples']} samples but the train split holds "
-                           f"{expected // train_cfg.epochs} rows x {train_cfg.epochs} epochs")
-    model = build_model_for(manifest, model_cfg, train_cfg)
-    model.load_state_dict(torch.load(r0["state_path"], weights_only=True))
-    res = TrainResult(steps=summary["steps"], samples=summary["samples"],
-                      step_seconds=summary["step_seconds"], final_loss=summary["final_loss"],
-                      history=r0["history"], extra=summary, checkpoints=list(r0["checkpoints"]),
-                      resumed_samples=summary.get("resumed_samples", 0))
-    return TrainOutcome(model, res, tuple(manifest["table_sizes"]), train_cfg.num_threads or 0,
-                        str(resolve_device(train_cfg.device)))
+    return {**to_dict(cfg), "table_sizes": list(outcome.table_sizes),
+            "runtime": {"device": outcome.device, "threads": outcome.threads,
+                        "torch": torch.__version__, "fbgemm_gpu": FBGEMM_VERSION,
+                        "recscale": __version__},
+            "dataset_manifest": dataset_manifest.get("manifest_path"), **extra}

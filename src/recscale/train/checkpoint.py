@@ -37,6 +37,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from recscale.config import Validated, check
+from recscale.embedding import TableShard
 
 log = logging.getLogger(__name__)
 # DCP logs every save/load phase at DEBUG on its own logger; that drowns a test's captured log
@@ -76,22 +77,6 @@ class CheckpointError(RuntimeError):
 
 class CheckpointRefused(CheckpointError):
     """A checkpoint is damaged: a missing or truncated file, or a checksum that does not match."""
-
-
-@dataclass
-class LocalShard:
-    """One piece of one table held here: rows [row_offset, +rows), columns [col_offset, +cols).
-    ``states``: fused-optimizer state views, [rows] (row-wise) or [rows, cols] (element-wise)."""
-
-    table: int
-    row_offset: int
-    col_offset: int
-    weight: torch.Tensor
-    states: list[torch.Tensor]
-
-    @property
-    def key(self) -> str:
-        return f"emb.t{self.table}.r{self.row_offset}.c{self.col_offset}"
 
 
 def model_fingerprint(manifest: dict, model_cfg, train_cfg) -> dict:
@@ -137,15 +122,6 @@ def _distributed(group) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
-def flush_tiers(modules: Sequence[torch.nn.Module]) -> None:
-    """Write back every cached row of tiered embedding modules, so their full-table views are
-    current (a memory tier's cache is part of the model: a checkpoint must see it)."""
-    for m in modules:
-        for sub in m.modules():
-            if callable(getattr(sub, "flush", None)):
-                sub.flush()
-
-
 def dense_tensors(dense: torch.nn.Module, opt: torch.optim.Optimizer | None) -> tuple[dict, dict]:
     """-> (tensors to save under 'dense.*' / 'dense_opt.*', JSON-able rest of the optimizer)."""
     tensors = {f"dense.{k}": v.detach().cpu() for k, v in dense.state_dict().items()}
@@ -170,7 +146,8 @@ class Checkpointer:
                  group=None, fingerprint: dict | None = None):
         if cfg.dir is None:
             raise ValueError("train.checkpoint.dir is null: checkpoints are off")
-        self.cfg, self.run_id, self.rank, self.world, self.group = cfg, run_id, rank, world_size, group
+        self.cfg, self.run_id, self.rank, self.world_size = cfg, run_id, rank, world_size
+        self.group = group
         self.fingerprint = fingerprint or {}
         self.run_dir = os.path.join(cfg.dir, run_id)
         self.saved: list[str] = []
@@ -182,7 +159,7 @@ class Checkpointer:
     def due(self, step: int) -> bool:
         return self.cfg.every_steps > 0 and step % self.cfg.every_steps == 0
 
-    def save(self, step: int, shards: Sequence[LocalShard], dense: dict[str, torch.Tensor],
+    def save(self, step: int, shards: Sequence[TableShard], dense: dict[str, torch.Tensor],
              dense_rest: dict, progress: dict, loader_state: Any = None) -> str | None:
         """Write a checkpoint of ``step``. ``dense``/``dense_rest``: rank 0's dense state (other
         ranks pass {}); ``progress``: JSON-able counters (epoch, batches, samples...);
@@ -239,7 +216,7 @@ class Checkpointer:
                 ok, err = False, f"{type(exc).__name__}: {exc}"
         mine = {"ok": ok, "err": err, "files": files, "shards": entries, "dense_crc": dense_crc,
                 "loader": loader_state, "rank": self.rank, "progress": progress}
-        parts = [None] * self.world
+        parts = [None] * self.world_size
         if dist_on:
             dist.all_gather_object(parts, mine, group=self.group)
         else:
@@ -249,7 +226,7 @@ class Checkpointer:
             try:
                 manifest = {
                     "format": FORMAT_VERSION, "run_id": self.run_id, "step": step,
-                    "created": time.time(), "world_size": self.world,
+                    "created": time.time(), "world_size": self.world_size,
                     "fingerprint": self.fingerprint,
                     "progress": {str(p["rank"]): p["progress"] for p in parts},
                     "dense_rest": dense_rest,
@@ -294,7 +271,7 @@ class Checkpointer:
             shutil.rmtree(os.path.join(self.run_dir, d), ignore_errors=True)
 
     # ---------------------------------------------------------------------------- restoring
-    def restore(self, targets: Sequence[LocalShard], dense: torch.nn.Module,
+    def restore(self, targets: Sequence[TableShard], dense: torch.nn.Module,
                 opt: torch.optim.Optimizer | None) -> tuple[str, dict] | None:
         """Load the newest usable checkpoint into ``targets`` (this rank's shards, any plan),
         ``dense`` and ``opt``. -> (path, manifest), or None when there is nothing to resume.
@@ -334,12 +311,12 @@ class Checkpointer:
                 try:
                     load_shards(path, manifest, targets)
                     load_dense(path, manifest, dense, opt)
-                    if manifest["world_size"] == self.world:
+                    if manifest["world_size"] == self.world_size:
                         load_rng(path, self.rank)
                 except CheckpointRefused as exc:
                     err = str(exc)
                 if dist_on:
-                    errs = [None] * self.world
+                    errs = [None] * self.world_size
                     dist.all_gather_object(errs, err, group=self.group)
                     err = next((e for e in errs if e), "")
             if not err:
@@ -355,7 +332,7 @@ class Checkpointer:
             log.error("every checkpoint of this run was refused; training starts from step 0")
         return None
 
-    def init_from_checkpoint(self, targets: Sequence[LocalShard], dense: torch.nn.Module,
+    def init_from_checkpoint(self, targets: Sequence[TableShard], dense: torch.nn.Module,
                              opt: torch.optim.Optimizer | None) -> str | None:
         """``init_from``: load that checkpoint's tables, dense layers and optimizer state (any
         world size or plan), but none of its progress. -> its path, or None when unset."""
@@ -460,7 +437,7 @@ def _load(state: dict, path: str) -> None:
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
 
 
-def load_shards(path: str, manifest: dict, targets: Sequence[LocalShard]) -> None:
+def load_shards(path: str, manifest: dict, targets: Sequence[TableShard]) -> None:
     """Fill ``targets`` (any plan, any world size) from the checkpoint by the manifest's offsets.
     Every saved piece read is checked against its CRC-32; raises CheckpointRefused naming the
     shard whose data does not match, CheckpointError when a target region is not covered."""
@@ -550,6 +527,19 @@ def load_dense(path: str, manifest: dict, dense: torch.nn.Module,
 
 
 def load_rng(path: str, rank: int) -> None:
+    """This rank's RNG states as saved: the CPU generator, and the CUDA generator of the current
+    device when the checkpoint has one and CUDA is here (a CUDA checkpoint resumed on a CPU-only
+    machine restores the CPU state only)."""
     keys = {f"rng.rank{rank}.cpu": torch.get_rng_state()}
+    cuda_key = f"rng.rank{rank}.cuda"
+    has_cuda = cuda_key in _saved_keys(path)
+    if has_cuda and torch.cuda.is_available():
+        keys[cuda_key] = torch.cuda.get_rng_state()
     _load(keys, path)
     torch.set_rng_state(keys[f"rng.rank{rank}.cpu"])
+    if cuda_key in keys:
+        torch.cuda.set_rng_state(keys[cuda_key])
+
+
+def _saved_keys(path: str) -> set[str]:
+    return set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)

@@ -1,4 +1,6 @@
-"""Typed training configuration (the ``train`` block of parameters_dlrm.yml)."""
+"""Typed DLRM configuration: the ``train`` block, the ``evaluate`` block, and ``DLRMConfig``, the
+root that every block of parameters_dlrm.yml is parsed into once (by the first node of each DLRM
+pipeline)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,13 @@ from typing import Literal
 
 from recscale.comm import CommsConfig
 from recscale.config import Validated, check, check_choice
+from recscale.data.preprocess import PreprocessConfig
+from recscale.data.source import DataConfig
+from recscale.distributed import LaunchConfig
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
 from recscale.embedding.tiered import TierConfig
+from recscale.model.dlrm import ModelConfig
+from recscale.sharding import ShardingConfig
 from recscale.train.checkpoint import CheckpointConfig
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -50,54 +57,76 @@ class DenseOptimizerConfig(Validated):
 
 @dataclass(frozen=True)
 class TrainConfig(Validated):
-    batch_size: int = 2048  # per rank; global batch = batch_size x world_size
+    batch_size_per_rank: int = 2048  # the global batch is this x launch.world_size
     epochs: int = 1
     max_steps: int | None = None
     seed: int = 0
     embedding_optimizer: EmbeddingOptimizerConfig = field(default_factory=EmbeddingOptimizerConfig)
     dense_optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
-    # wire precision of the sharded runtime's collectives (the top-level `comms` parameters)
-    comms: CommsConfig = field(default_factory=CommsConfig)
     # memory tiers: tables the plan puts on DDR/SSD train behind a software cache
     tiers: TierConfig = field(default_factory=TierConfig)
-    # sharded runtime: start the next batch's input distribution before the current batch's
-    # forward/backward (results are identical either way)
+    # overlap policy: pipelined (start the next batch's input distribution and slow-tier loads
+    # while the current batch computes; sharded: also overlap the output exchange with the bottom
+    # MLP) or plain. Results are bitwise identical either way.
     pipeline: bool = True
     log_every: int = 20  # steps between metric-history points
-    world_size: int = 1  # ranks in all; > 1 runs the sharded runtime (torch.distributed)
-    nnodes: int = 1  # hosts; each starts world_size / nnodes workers
-    rdzv_endpoint: str = "127.0.0.1:0"  # host:port of the rendezvous (port 0: pick one, 1 host)
-    max_restarts: int = 0  # elastic restarts of the worker group after a failure
-    collective_timeout_s: float = 300.0  # a collective stuck this long fails the run
     num_threads: int | None = None  # intra-op threads per process; null -> cores / local ranks
     reader_workers: int = 2
     prefetch: int = 4
-    eval_batch_size: int = 16384
     progress: Literal["auto", "bar", "log", "off"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # workers, hosts, rendezvous, restarts and deadlines; launch.world_size > 1 runs the sharded
+    # runtime on torch.distributed
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     fault_injection: FaultInjection | None = None
 
+    RENAMED = {"batch_size": "batch_size_per_rank", "world_size": "launch.world_size",
+               "nnodes": "launch.nnodes", "rdzv_endpoint": "launch.rdzv_endpoint",
+               "max_restarts": "launch.max_restarts",
+               "collective_timeout_s": "launch.collective_timeout_s",
+               "eval_batch_size": "/evaluate.batch_size", "comms": "/comms"}
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
     def validate(self, prefix: str = "train") -> None:
-        check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
+        check(self.batch_size_per_rank > 0, f"{prefix}.batch_size_per_rank",
+              self.batch_size_per_rank, "a positive integer")
         check(self.epochs > 0, f"{prefix}.epochs", self.epochs, "a positive integer")
         check(self.max_steps is None or self.max_steps > 0, f"{prefix}.max_steps", self.max_steps,
               "null or a positive integer")
         check(self.log_every > 0, f"{prefix}.log_every", self.log_every, "a positive integer")
-        check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
-        check(self.nnodes >= 1 and self.world_size % self.nnodes == 0, f"{prefix}.nnodes",
-              self.nnodes, f"a divisor of train.world_size={self.world_size}")
-        check(":" in self.rdzv_endpoint, f"{prefix}.rdzv_endpoint", self.rdzv_endpoint, "host:port")
-        check(self.max_restarts >= 0, f"{prefix}.max_restarts", self.max_restarts, ">= 0")
-        check(self.collective_timeout_s > 0, f"{prefix}.collective_timeout_s",
-              self.collective_timeout_s, "> 0")
         check(self.num_threads is None or self.num_threads >= 1, f"{prefix}.num_threads",
               self.num_threads, "null or >= 1")
         check(self.reader_workers >= 1, f"{prefix}.reader_workers", self.reader_workers, ">= 1")
         check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
-        check(self.eval_batch_size > 0, f"{prefix}.eval_batch_size", self.eval_batch_size, "> 0")
         check_choice(f"{prefix}.progress", self.progress, ("auto", "bar", "log", "off"))
         check_choice(f"{prefix}.device", self.device, ("auto", "cpu", "cuda"))
         if self.fault_injection is not None:
             check(self.fault_injection.rank < self.world_size, f"{prefix}.fault_injection.rank",
-                  self.fault_injection.rank, f"< train.world_size={self.world_size}")
+                  self.fault_injection.rank, f"< {prefix}.launch.world_size={self.world_size}")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(Validated):
+    split: str = "test"
+    batch_size: int = 16384
+
+    def validate(self, prefix: str = "evaluate") -> None:
+        check_choice(f"{prefix}.split", self.split, ("train", "validation", "test"))
+        check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
+
+
+@dataclass(frozen=True)
+class DLRMConfig(Validated):
+    """Every block of parameters_dlrm.yml, parsed once: ``parse(DLRMConfig, params, "")``."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    comms: CommsConfig = field(default_factory=CommsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)

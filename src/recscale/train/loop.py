@@ -1,268 +1,245 @@
-"""The DLRM training loop (single process here; the sharded runtime runs the same step per rank).
+"""THE training loop: one rank's epochs, for one process (world size 1) and for every rank of the
+sharded runtime alike.
 
-Throughput counts only the time inside ``TrainStep`` (forward, backward with the fused embedding
-update, dense optimizer step), never data loading, so it measures the model, not the disk.
+What varies is plugged in: the ``Runtime`` (model, dense optimizer, the step, and how to sum a
+tensor over ranks; see ``runtime.py``), the data (``EpochData``: a fresh loader per epoch and the
+steps every rank takes per epoch), and the overlap policy (``overlap.py``). The loop owns what
+both used to repeat: resuming from a checkpoint, read-ahead of the next batch, fault injection,
+the NaN guard, log points, checkpoint saving, and the counters the row accounting checks.
+
+Ranks stay in lockstep: every rank runs the same number of steps per epoch (the largest share
+decides), a rank whose rows ran out contributes an empty batch, so no row is dropped and no rank
+waits forever in a collective. Step time counts the iteration minus the time spent waiting for the
+loader, so it measures the model, not the disk.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from torch import nn
 
 from recscale.data.batch import Batch
-from recscale.model.dlrm import DLRM
+from recscale.data.loader import empty_columns, to_batch
 from recscale.progress import Progress
-from recscale.train.checkpoint import (
-    Checkpointer,
-    LocalShard,
-    dense_tensors,
-    flush_tiers,
-)
-from recscale.train.config import DenseOptimizerConfig, TrainConfig
+from recscale.train.checkpoint import Checkpointer, dense_tensors
+from recscale.train.config import TrainConfig
 from recscale.train.faults import maybe_kill, maybe_poison
+from recscale.train.overlap import OverlapPolicy
+from recscale.train.runtime import Runtime
+from recscale.train.step import NonFiniteLossError
 
 log = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; the message names the step and the batch's rows."""
+@dataclass
+class EpochData:
+    """What the loop reads: ``open()`` returns a fresh iterable of batches for one epoch (a
+    torchdata Loader, whose ``state_dict``/``load_state_dict`` let a checkpoint resume mid-epoch;
+    any iterable otherwise), and every rank takes ``steps_per_epoch`` steps per epoch."""
 
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device='cuda' is not allowed here: no CUDA device is available")
-    return torch.device(name)
-
-
-def set_threads(num_threads: int | None, local_world_size: int = 1) -> int:
-    n = num_threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
-    torch.set_num_threads(n)
-    return n
-
-
-def make_dense_optimizer(params, cfg: DenseOptimizerConfig) -> torch.optim.Optimizer:
-    params = list(params)
-    if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.learning_rate, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay, foreach=True)
-    if cfg.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                   foreach=True)
-    if cfg.name == "adam":
-        return torch.optim.Adam(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                foreach=True)
-    raise ValueError(f"train.dense_optimizer.name={cfg.name!r} is not allowed")
-
-
-class TrainStep:
-    """One optimisation step: forward, BCE loss, backward (embeddings update in place), dense step."""
-
-    def __init__(self, model: DLRM, dense_optimizer: torch.optim.Optimizer):
-        self.model = model
-        self.opt = dense_optimizer
-        self.loss_fn = nn.BCEWithLogitsLoss()
-
-    def __call__(self, batch: Batch) -> torch.Tensor:
-        logits = self.model(batch.dense, batch.sparse)
-        loss = self.loss_fn(logits, batch.labels)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        return loss.detach()
+    open: Callable[[], Iterable[Batch]]
+    steps_per_epoch: int
 
 
 @dataclass
-class TrainResult:
+class RankResult:
+    """One rank's run (a plain dict of it crosses the process boundary)."""
+
+    rank: int = 0
     steps: int = 0
-    samples: int = 0
+    samples: int = 0  # this rank's rows, resumed ones included
+    global_samples: int = 0
     step_seconds: float = 0.0
     wall_seconds: float = 0.0
-    final_loss: float = float("nan")
+    comm_seconds: float = 0.0
+    data_wait_seconds: float = 0.0  # time the trainer waited for the loader
+    bytes_per_step: dict[str, float] = field(default_factory=dict)
+    embedding_bytes: int = 0
+    planned_bytes: float = 0.0
     history: dict[str, list[dict]] = field(default_factory=dict)
-    extra: dict[str, float] = field(default_factory=dict)  # e.g. per-rank time split, bytes
+    final_loss: float = float("nan")
+    state_path: str | None = None
+    resumed_from: str | None = None
+    resumed_samples: int = 0  # this rank's rows trained before the checkpoint it resumed from
+    resharded: bool = False  # resumed from a checkpoint of another world size
+    initialised_from: str | None = None  # train.checkpoint.init_from
     checkpoints: list[str] = field(default_factory=list)
-    resumed_samples: int = 0  # samples trained before the checkpoint this run resumed from
-
-    @property
-    def samples_per_s(self) -> float:
-        new = self.samples - self.resumed_samples
-        return new / self.step_seconds if self.step_seconds > 0 else float("nan")
-
-    def record(self, name: str, step: int, value: float) -> None:
-        self.history.setdefault(name, []).append({"step": int(step), "value": float(value)})
+    checkpoint_failures: int = 0
+    checkpoint_seconds: float = 0.0
+    tier_stats: dict[str, float] = field(default_factory=dict)
 
 
-def model_shards(model: DLRM) -> list[LocalShard]:
-    """A single-process model's tables as whole-table shards (the checkpoint's unit)."""
-    emb = model.embeddings
-    states = emb.split_optimizer_states() or [[] for _ in emb.rows]
-    return [LocalShard(t, 0, 0, w, list(st))
-            for t, (w, st) in enumerate(zip(emb.split_weights(), states))]
+@dataclass
+class _Position:
+    epoch: int = 0
+    batch: int = 0  # batches of ``epoch`` already trained
+    loader_state: Any = None  # loader state right after that batch was read
 
 
-def _batches(loader: Iterable[Batch], device, prefetch=None, with_state: bool = False):
-    """-> (batch on ``device``, loader state right after that batch was read), one batch ahead:
-    each next batch's ids go to ``prefetch`` (the embeddings' slow-tier cache loads them while
-    the current batch computes) before the current batch is yielded. The state comes from the
-    torchdata loader's ``state_dict()`` when it was read, so a checkpoint never skips the batch
-    already read ahead."""
-    it = iter(loader)
-    state_of = getattr(loader, "state_dict", None) if with_state else None
+def _resume(ckpt: Checkpointer, rt: Runtime, steps_per_epoch: int, res: RankResult) -> _Position:
+    """Restore the newest usable checkpoint (or ``init_from``) into the runtime; -> where to
+    start. The one place that reads a checkpoint's progress."""
+    emb = rt.model.embeddings
+    got = ckpt.restore(emb.shards(), rt.model.dense, rt.opt)
+    if got is None:
+        res.initialised_from = ckpt.init_from_checkpoint(emb.shards(), rt.model.dense, rt.opt)
+        if res.initialised_from:
+            emb.flush()  # restored views -> slow tier
+        return _Position()
+    path, m = got
+    emb.flush()
+    progress = m["progress"]
+    same_world = m["world_size"] == rt.world_size
+    mine = progress.get(str(rt.rank), progress["0"]) if same_world else progress["0"]
+    res.steps, res.global_samples = int(m["step"]), int(mine["global_samples"])
+    res.resumed_from = path
+    pos = _Position(int(mine["epoch"]))
+    if same_world:
+        res.samples = res.resumed_samples = int(mine["samples"])
+        pos.batch, pos.loader_state = int(mine["batches"]), m["loader"][str(rt.rank)]
+    else:  # rows are split differently over another number of ranks
+        res.resharded = True
+        if rt.rank == 0:
+            log.warning("checkpoint %s was written by %d rank(s), this run has %d: the model is "
+                        "resharded; epoch %d restarts from its first row", path, m["world_size"],
+                        rt.world_size, pos.epoch + 1)
+    if rt.rank == 0:
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, res.steps,
+                 pos.epoch + 1, pos.batch)
+    if pos.batch >= steps_per_epoch:
+        pos = _Position(pos.epoch + 1)
+    ckpt.last_saved_step = res.steps
+    return pos
 
-    def fetch():
-        b = next(it, None)
-        if b is None:
-            return None, None
-        return b.to(device, non_blocking=True), (state_of() if state_of is not None else None)
 
-    cur, cur_state = fetch()
-    while cur is not None:
-        nxt, nxt_state = fetch()
-        if nxt is not None and prefetch is not None:
-            prefetch(nxt.sparse)
-        yield cur, cur_state
-        cur, cur_state = nxt, nxt_state
+def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position) -> None:
+    emb = rt.model.embeddings
+    emb.flush()  # a slow tier's cache is part of the model: the views must be current
+    rank0 = rt.rank == 0
+    dense, rest = dense_tensors(rt.model.dense, rt.opt) if rank0 else ({}, {})
+    progress = {"epoch": pos.epoch, "batches": pos.batch, "samples": res.samples,
+                "global_samples": res.global_samples, "steps": res.steps}
+    ckpt.save(res.steps, emb.shards(replicated=rank0), dense, rest, progress, pos.loader_state)
 
 
-def train_epochs(
-    model: DLRM,
-    batches_per_epoch: Iterable[Batch] | None,
-    cfg: TrainConfig,
-    make_epoch=None,
-    total_steps: int | None = None,
-    device: torch.device | None = None,
-    run_id: str | None = None,
-    fingerprint: dict | None = None,
-) -> TrainResult:
-    """Train for ``cfg.epochs`` (or ``cfg.max_steps``). ``make_epoch()`` returns a fresh iterable
-    of batches for each epoch (a torchdata Loader, for checkpoints that resume mid-epoch);
-    ``total_steps`` is only for the progress display. With ``cfg.checkpoint.dir`` and a
-    ``run_id``, checkpoints are written and, as ``cfg.checkpoint.resume`` says, resumed."""
-    device = device or next(model.dense_parameters()).device
-    opt = make_dense_optimizer(model.dense_parameters(), cfg.dense_optimizer)
-    step_fn = TrainStep(model, opt)
-    res = TrainResult()
-    model.train()
-    limit = cfg.max_steps
-    ckpt = None
-    start_epoch, skip, loader_state = 0, 0, None
-    if cfg.checkpoint.dir is not None and run_id is not None:
-        ckpt = Checkpointer(cfg.checkpoint, run_id, fingerprint=fingerprint)
-        got = ckpt.restore(model_shards(model), model._dense(), opt)
-        if got is not None:
-            path, m = got
-            flush_tiers([model.embeddings])  # restored views -> slow tier
-            p = m["progress"]["0"]
-            res.steps, start_epoch = int(m["step"]), int(p["epoch"])
-            res.extra["resumed"] = 1.0
-            if m["world_size"] == 1:
-                skip, loader_state = int(p["batches"]), m["loader"]["0"]
-                res.samples = res.resumed_samples = int(p["samples"])
-            else:
-                res.extra["resharded"] = 1.0
-                log.warning("checkpoint %s was written by %d ranks: the model is resharded into "
-                            "one process; epoch %d restarts from its first row", path,
-                            m["world_size"], start_epoch + 1)
-            log.info("resumed from %s at step %d", path, res.steps)
-        elif ckpt.init_from_checkpoint(model_shards(model), model._dense(), opt):
-            flush_tiers([model.embeddings])  # restored views -> slow tier
-            res.extra["initialised_from_checkpoint"] = 1.0
-    total = min(total_steps or limit or 0, limit or total_steps or 0) or None
-    interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0
+class _LogPoints:
+    """Mean loss and samples/s over the global batch since the last point (one small sum over
+    ranks per point, which every rank takes part in)."""
+
+    def __init__(self, rt: Runtime, res: RankResult):
+        self.rt, self.res = rt, res
+        self.acc = torch.zeros(2, dtype=torch.float64)  # loss sum, rows since the last point
+        self.seconds = 0.0
+
+    def add(self, loss_sum: float, rows: int, seconds: float) -> None:
+        self.acc[0] += loss_sum
+        self.acc[1] += rows
+        self.seconds += seconds
+
+    def point(self) -> None:
+        if not self.seconds:
+            return
+        self.rt.all_reduce_(self.acc)
+        loss, rows = float(self.acc[0]), int(self.acc[1])
+        res = self.res
+        res.final_loss = loss / max(rows, 1)
+        res.history.setdefault("loss", []).append({"step": res.steps, "value": res.final_loss})
+        res.history.setdefault("samples_per_s", []).append(
+            {"step": res.steps, "value": rows / max(self.seconds, 1e-12)})
+        self.acc.zero_()
+        self.seconds = 0.0
+
+
+def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
+             ckpt: Checkpointer | None = None) -> RankResult:
+    """Train ``rt`` for ``cfg.epochs`` (or ``cfg.max_steps``) on ``data``; checkpoints as
+    ``ckpt`` is configured, resuming first as ``train.checkpoint.resume`` says."""
+    res = RankResult(rank=rt.rank, planned_bytes=rt.planned_bytes)
     t_wall = time.perf_counter()
-    epoch_i, batches, batch_state = start_epoch, skip, None
-    prefetch = getattr(getattr(model, "embeddings", None), "prefetch", None)  # tiered only
-    with Progress(total, "training", unit="step", mode=cfg.progress) as bar:
-        for epoch_i in range(start_epoch, cfg.epochs):
+    start = _resume(ckpt, rt, data.steps_per_epoch, res) if ckpt is not None else _Position()
+    pos = start
+    emb = rt.model.embeddings
+    policy = OverlapPolicy(cfg.pipeline)
+    limit = cfg.max_steps
+    points = _LogPoints(rt, res)
+    stats = rt.stats
+    stats.reset()
+    done = limit is not None and res.steps >= limit
+    total = data.steps_per_epoch * cfg.epochs
+    total = min(total, limit) if limit else total
+    bar = Progress(total, "training", unit="step", mode=cfg.progress if rt.rank == 0 else "off")
+    rt.model.train()
+    for epoch in range(start.epoch, cfg.epochs):
+        if done:
+            break
+        loader = data.open()
+        first = start.batch if epoch == start.epoch else 0
+        if first and start.loader_state is not None:
+            loader.load_state_dict(start.loader_state)
+        it = iter(loader)
+        state_of = getattr(loader, "state_dict", None) if ckpt is not None else None
+
+        def fetch(it=it, state_of=state_of):
+            t = time.perf_counter()
+            b = next(it, None) or to_batch(empty_columns())  # rows ran out: an empty batch
+            state = state_of() if state_of is not None else None
+            res.data_wait_seconds += time.perf_counter() - t
+            return b.to(rt.device, non_blocking=True), state
+
+        batch, batch_state = fetch()
+        batch = maybe_poison(cfg, rt.rank, res.steps + 1, batch)
+        started = policy.begin(emb, batch)
+        for i in range(first, data.steps_per_epoch):
+            maybe_kill(cfg, rt.rank, res.steps + 1)
+            comm0, wait0 = stats.total_seconds, res.data_wait_seconds
+            t0 = time.perf_counter()
+            nxt = nxt_started = nxt_state = None
+            if i + 1 < data.steps_per_epoch and (limit is None or res.steps + 1 < limit):
+                nxt, nxt_state = fetch()
+                nxt = maybe_poison(cfg, rt.rank, res.steps + 2, nxt)
+                nxt_started = policy.ahead(emb, nxt)  # batch i+1 moves while batch i computes
+            loss_sum, global_batch = rt.step.run(batch, started)
+            dt = time.perf_counter() - t0 - (res.data_wait_seconds - wait0)
+            if not math.isfinite(loss_sum):  # the peers then fail in their next collective
+                rows = batch.row_ids
+                where = f" on rank {rt.rank}" if rt.world_size > 1 else ""
+                raise NonFiniteLossError(
+                    f"loss is {loss_sum} at step {res.steps + 1}{where}: batch {i} of epoch "
+                    f"{epoch + 1}, rows {int(rows.min())}..{int(rows.max())} ({batch.batch_size} "
+                    "rows); the last good checkpoint is kept")
+            res.steps += 1
+            res.samples += batch.batch_size
+            res.global_samples += global_batch
+            res.step_seconds += dt
+            res.comm_seconds += stats.total_seconds - comm0
+            points.add(loss_sum, batch.batch_size, dt)
+            if res.steps % cfg.log_every == 0:
+                points.point()
+            bar.update(res.steps, loss=f"{loss_sum / max(batch.batch_size, 1):.4f}")
+            pos = _Position(epoch, i + 1, batch_state)
+            if ckpt is not None and ckpt.due(res.steps):
+                _save(ckpt, rt, res, pos)
             if limit is not None and res.steps >= limit:
+                done = True
                 break
-            epoch = make_epoch() if make_epoch is not None else batches_per_epoch
-            batches = skip if epoch_i == start_epoch else 0
-            if batches and loader_state is not None:
-                epoch.load_state_dict(loader_state)
-            for batch, batch_state in _batches(epoch, device, prefetch, ckpt is not None):
-                batches += 1
-                maybe_kill(cfg, 0, res.steps + 1)
-                batch = maybe_poison(cfg, 0, res.steps + 1, batch)
-                t0 = time.perf_counter()
-                loss = step_fn(batch)
-                loss_v = float(loss)  # syncs, so the step is really over before the timer stops
-                dt = time.perf_counter() - t0
-                if not math.isfinite(loss_v):
-                    rows = batch.row_ids
-                    raise NonFiniteLossError(
-                        f"loss is {loss_v} at step {res.steps + 1}: batch {batches - 1} of epoch "
-                        f"{epoch_i + 1}, rows {int(rows.min())}..{int(rows.max())} "
-                        f"({batch.batch_size} rows); the last good checkpoint is kept"
-                    )
-                res.steps += 1
-                res.samples += batch.batch_size
-                res.step_seconds += dt
-                interval_loss += loss_v
-                interval_n += 1
-                interval_t += dt
-                interval_samples += batch.batch_size
-                if res.steps % cfg.log_every == 0:
-                    res.record("loss", res.steps, interval_loss / interval_n)
-                    res.record("samples_per_s", res.steps, interval_samples / interval_t)
-                    interval_loss, interval_n, interval_t, interval_samples = 0.0, 0, 0.0, 0
-                bar.update(res.steps, loss=f"{loss_v:.4f}")
-                res.final_loss = loss_v
-                if ckpt is not None and ckpt.due(res.steps):
-                    _save_single(ckpt, model, opt, res, epoch_i, batches, batch_state)
-                if limit is not None and res.steps >= limit:
-                    break
+            batch, started, batch_state = nxt, nxt_started, nxt_state
+    points.point()  # every rank takes part: it is a collective
     if ckpt is not None and ckpt.last_saved_step != res.steps:  # the end, unless just saved
-        _save_single(ckpt, model, opt, res, epoch_i, batches, batch_state)
-    if ckpt is not None:
-        res.extra.update(checkpoints_written=float(len(ckpt.saved)),
-                         checkpoint_failures=float(ckpt.failed_writes),
-                         checkpoint_seconds=ckpt.save_seconds)
-        res.checkpoints = list(ckpt.saved)
-    if interval_n:
-        res.record("loss", res.steps, interval_loss / interval_n)
-        res.record("samples_per_s", res.steps, interval_samples / interval_t)
+        _save(ckpt, rt, res, pos)
+    bar.close()
+    emb.flush()
     res.wall_seconds = time.perf_counter() - t_wall
-    tier_stats = getattr(getattr(model, "embeddings", None), "tier_stats", None)
-    if tier_stats is not None:  # hit rate, bytes per tier, prefetch time -> MLflow metrics
-        res.extra.update({f"tiers.{k}": float(v) for k, v in tier_stats().items()})
-    log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
-             res.steps, res.samples, res.samples_per_s, res.final_loss)
+    res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in stats.snapshot().items()}
+    res.embedding_bytes = int(emb.memory_bytes().get("fast", 0))
+    res.tier_stats = emb.tier_stats()
+    if ckpt is not None:
+        res.checkpoints = list(ckpt.saved)
+        res.checkpoint_failures = ckpt.failed_writes
+        res.checkpoint_seconds = ckpt.save_seconds
     return res
-
-
-def _save_single(ckpt: Checkpointer, model: DLRM, opt, res: TrainResult, epoch: int,
-                 batches: int, state) -> None:
-    flush_tiers([model.embeddings])
-    dense, rest = dense_tensors(model._dense(), opt)
-    progress = {"epoch": epoch, "batches": batches, "samples": res.samples,
-                "global_samples": res.samples, "steps": res.steps}
-    ckpt.save(res.steps, model_shards(model), dense, rest, progress, state)
-
-
-@torch.no_grad()
-def predict(model: DLRM, batches: Iterable[Batch], device: torch.device | None = None):
-    """-> (labels, click probabilities, row ids) as numpy arrays, in batch order."""
-    import numpy as np
-
-    device = device or next(model.dense_parameters()).device
-    model.eval()
-    labels, probs, rows = [], [], []
-    for batch in batches:
-        b = batch.to(device)
-        probs.append(torch.sigmoid(model(b.dense, b.sparse)).cpu().numpy())
-        labels.append(batch.labels.numpy())
-        rows.append(batch.row_ids.numpy())
-    model.train()
-    if not labels:
-        return np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
-    return np.concatenate(labels), np.concatenate(probs).astype(np.float64), np.concatenate(rows)

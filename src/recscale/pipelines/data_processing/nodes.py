@@ -1,45 +1,32 @@
-"""Thin nodes: typed configs in, library calls, manifests and metrics out."""
+"""Thin nodes: the typed config in, library calls, manifests and metrics out."""
 
 from __future__ import annotations
 
-from recscale.config import parse
-from recscale.data.preprocess import PreprocessConfig, preprocess_criteo
-from recscale.data.source import DataConfig, prepare_raw
+import json
+
+from recscale.data.preprocess import preprocess_criteo
+from recscale.data.source import prepare_raw
 from recscale.pipelines.common import as_metrics
 from recscale.progress import Progress
+from recscale.train import DLRMConfig
 
 
-def generate_or_locate_raw(data_params: dict) -> dict:
-    cfg = parse(DataConfig, data_params, "data")
-    total = cfg.synthetic.num_rows if cfg.source == "synthetic" else None
+def generate_or_locate_raw(cfg: DLRMConfig) -> dict:
+    total = cfg.data.synthetic.num_rows if cfg.data.source == "synthetic" else None
     with Progress(total, "generating synthetic rows", unit="row") as bar:
-        return prepare_raw(cfg, progress=bar.update)
+        return prepare_raw(cfg.data, progress=bar.update)
 
 
-def preprocess(raw_manifest: dict, preprocess_params: dict) -> tuple[dict, dict]:
-    params = dict(preprocess_params)
-    out_dir = params.pop("output_dir")
-    cfg = parse(PreprocessConfig, params, "preprocess")
+def preprocess(raw_manifest: dict, cfg: DLRMConfig) -> tuple[dict, dict]:
     with Progress(None, "preprocessing lines", unit="line") as bar:
-        report = preprocess_criteo(
-            raw_manifest["files"], out_dir, cfg,
-            table_size_hint=raw_manifest.get("cardinalities"),
-            progress=bar.update,
-        )
-    manifest = {"manifest_path": report.manifest_path, **_read(report.manifest_path)}
-    metrics = {
-        "lines_read": report.lines_read,
-        "rows_written": report.rows_written,
-        "rows_rejected": report.rows_rejected,
-        **{f"rows_{k}": v for k, v in report.split_rows.items()},
-    }
+        report = preprocess_criteo(raw_manifest["files"], cfg.preprocess.output_dir,
+                                   cfg.preprocess, table_size_hint=raw_manifest.get("cardinalities"),
+                                   progress=bar.update)
+    with open(report.manifest_path) as fh:
+        manifest = {"manifest_path": report.manifest_path, **json.load(fh)}
+    metrics = {"lines_read": report.lines_read, "rows_written": report.rows_written,
+               "rows_rejected": report.rows_rejected,
+               **{f"rows_{k}": v for k, v in report.split_rows.items()}}
     if "oracle_auc" in raw_manifest:
         metrics["oracle_auc_all_rows"] = raw_manifest["oracle_auc"]
     return manifest, as_metrics(metrics)
-
-
-def _read(path: str) -> dict:
-    import json
-
-    with open(path) as fh:
-        return json.load(fh)

@@ -1,13 +1,14 @@
 from kedro.pipeline import Node, Pipeline
 
+from recscale.pipelines.common import dlrm_config_node
 from recscale.pipelines.training.nodes import train_model
 
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline(
         [
-            Node(train_model, ["dataset_manifest", "sharding_plan", "params:model", "params:train",
-                                 "params:comms"],
+            dlrm_config_node(),
+            Node(train_model, ["dataset_manifest", "sharding_plan", "dlrm_config"],
                  ["model_state", "training_history", "training_metrics", "resolved_config",
                   "training_plots"],
                  name="train"),

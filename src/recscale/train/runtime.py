@@ -1,0 +1,124 @@
+"""Runtimes: one process's part of training, as the loop sees it.
+
+A runtime holds the model, the dense optimizer, the step (``step.run(batch, started)`` ->
+(loss summed over this rank's rows, rows of the global batch)), the communication counters and
+how to sum a tensor over ranks. ``LocalRuntime`` is the one-process case; ``ShardedRuntime`` is one
+rank of the hybrid-parallel DLRM: embeddings model-parallel as the plan says
+(``ShardedEmbeddingCollection``), the dense arch under DistributedDataParallel with torch's
+(compress) communication hooks, gloo on CPU and NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from recscale.comm import CommsConfig
+from recscale.comm.collectives import CommStats
+from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
+from recscale.distributed import WorkerContext
+from recscale.embedding.sharded import ShardedEmbeddingCollection
+from recscale.model.dlrm import DLRM, ModelConfig
+from recscale.sharding import ShardingPlan
+from recscale.train.config import TrainConfig
+from recscale.train.step import ShardedStep, TrainStep, make_dense_optimizer
+
+_DDP_HOOKS = {
+    "fp32": (default_hooks.allreduce_hook, 4),
+    "fp16": (default_hooks.fp16_compress_hook, 2),
+    "bf16": (default_hooks.bf16_compress_hook, 2),
+}
+
+
+class Runtime:
+    """One process: ``rank`` of ``world_size``; see the module docstring."""
+
+    rank: int = 0
+    world_size: int = 1
+    planned_bytes: float = 0.0  # the plan's compute-tier bytes for this rank (0: no plan)
+
+    def __init__(self, model: DLRM, train_cfg: TrainConfig, device: torch.device,
+                 stats: CommStats | None = None):
+        self.model, self.device = model, device
+        self.stats = stats if stats is not None else CommStats()
+        self.opt = make_dense_optimizer(model.dense_parameters(), train_cfg.dense_optimizer)
+
+    def all_reduce_(self, t: torch.Tensor) -> None:
+        """Sum ``t`` (a CPU tensor) over ranks, in place."""
+
+
+class LocalRuntime(Runtime):
+    """The whole model in this process."""
+
+    def __init__(self, model: DLRM, train_cfg: TrainConfig, device: torch.device):
+        super().__init__(model, train_cfg, device)
+        self.step = TrainStep(model, self.opt)
+
+
+class ShardedRuntime(Runtime):
+    """This rank's shards (as ``plan`` says) and a DDP replica of the dense arch."""
+
+    def __init__(self, ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
+                 train_cfg: TrainConfig, comms: CommsConfig | None = None,
+                 feature_names=SPARSE_NAMES, num_dense: int = NUM_DENSE):
+        stats = CommStats()
+        model = build_sharded_model(ctx, plan, model_cfg, train_cfg, stats, comms,
+                                    feature_names, num_dense)
+        super().__init__(model, train_cfg, ctx.device, stats)
+        self.rank, self.world_size, self.ctx = ctx.rank, ctx.world_size, ctx
+        self.planned_bytes = float(plan.ranks[ctx.rank].memory(plan.topology.compute_tier))
+        self.step = ShardedStep(model, self.opt, ctx.world_size)
+
+    def all_reduce_(self, t: torch.Tensor) -> None:
+        if dist.get_backend() == "nccl":  # NCCL reduces device tensors only
+            on_dev = t.to(self.device)
+            dist.all_reduce(on_dev)
+            t.copy_(on_dev.cpu())
+        else:
+            dist.all_reduce(t)
+
+
+def _counting_allreduce_hook(stats: CommStats, precision: str):
+    """torch's DDP communication hook for ``precision`` (plain, fp16- or bf16-compressed
+    all-reduce), with the bytes each bucket hands to the all-reduce counted."""
+    torch_hook, wire_bytes = _DDP_HOOKS[precision]
+
+    def hook(process_group, bucket):
+        stats.add("dense_allreduce", bucket.buffer().numel() * wire_bytes, 0.0)
+        return torch_hook(process_group, bucket)
+
+    return hook
+
+
+def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
+                        train_cfg: TrainConfig, stats: CommStats,
+                        comms: CommsConfig | None = None, feature_names=SPARSE_NAMES,
+                        num_dense: int = NUM_DENSE) -> DLRM:
+    comms = comms or CommsConfig()
+    emb = ShardedEmbeddingCollection(
+        plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size,
+        seed=train_cfg.seed, group=ctx.sparse_group, device=ctx.device, stats=stats,
+        output_grad_scale=1.0 / ctx.world_size, comms=comms, tiers=train_cfg.tiers,
+    )
+    # the pipelined policy also overlaps the output all-to-all with the bottom MLP (and, in
+    # backward, the gradients' return with its backward); results are identical either way
+    emb.overlap_output = train_cfg.pipeline
+    return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
+                      ctx, stats, comms.dense_allreduce)
+
+
+def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats, precision: str = "fp32") -> DLRM:
+    model.dense_arch.to(ctx.device)
+    # the dense arch's only buffer is a constant index: no per-step buffer broadcast (the
+    # keyword is forward_sync_buffers from torch 2.13, broadcast_buffers before)
+    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else "broadcast_buffers")
+    ddp = DDP(model.dense_arch, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+              gradient_as_bucket_view=True, **{no_sync: False})
+    ddp.register_comm_hook(None, _counting_allreduce_hook(stats, precision))
+    model.dense_arch = ddp
+    return model
