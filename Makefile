@@ -8,7 +8,7 @@ export KEDRO_DISABLE_TELEMETRY := true
 export MLFLOW_DISABLE_TELEMETRY := true
 export KEDRO_LOGGING_CONFIG ?= conf/base/logging.yml
 
-.PHONY: install run test lint bench clean
+.PHONY: install system-packages run test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,20 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# Debian packages some tests use (headless Chromium); skipped with a warning where they cannot
+# be installed (see scripts/system_packages.sh)
+system-packages:
+	@bash scripts/system_packages.sh
+
 run: install
 	$(BIN)/kedro run --pipeline=dlrm
 
-test: install
+test: install system-packages
 	$(BIN)/python -m pytest
+
+# the unit tests alone: under a minute
+test-fast: install
+	$(BIN)/python -m pytest tests/unit -q
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks

@@ -4,6 +4,8 @@ The library sub-packages (data, sharding, embedding, comm, model, optim, train, 
 import Kedro or MLflow; the Kedro pipelines under ``recscale.pipelines`` call them.
 """
 
+import logging
+
 __version__ = "0.1.0"
 
 # torch/fbgemm_gpu pairing that is known to load (fbgemm_gpu 1.9.0 and 1.7.0 fail with torch 2.13).
@@ -41,6 +43,10 @@ def check_fbgemm() -> str:
         f"(CPU) or fbgemm-gpu=={SUPPORTED_PAIR['fbgemm_gpu']} (CUDA); install with "
         "`pip install torch==2.13.0` then `pip install -e '.[cpu]'` (or '.[gpu]')"
     )
+    # fbgemm_gpu logs one "Successfully loaded: '<library>.so'" line per library (14) at INFO on
+    # the root logger as it is imported: library chatter, not progress
+    previous = logging.root.manager.disable
+    logging.disable(logging.INFO)
     try:
         import fbgemm_gpu  # noqa: F401
 
@@ -50,4 +56,6 @@ def check_fbgemm() -> str:
             f"fbgemm_gpu does not load: installed {installed}; the pair that works is {wanted}. "
             f"Underlying error: {type(exc).__name__}: {str(exc)[:300]}"
         ) from exc
+    finally:
+        logging.disable(previous)
     return getattr(fbgemm_gpu, "__version__", _version(fbgemm_dist))

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from recscale.train.launch import init_worker, worker_entry
 
 from recscale.comm.collectives import CommStats
 from recscale.config import parse
 from recscale.model import ModelConfig
 from recscale.sharding import ShardingPlan, TableSpec, Topology, plan_sharding
 from recscale.train import TrainConfig
-from recscale.train.launch import init_worker, worker_entry
 from recscale.train.loop import make_dense_optimizer
 from recscale.train.sharded import ShardedStep, build_sharded_model
 from tests.distributed import workers as W

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import torch
+from recscale.train.launch import init_worker, worker_entry
 
 from recscale.comm.collectives import CommStats
 from recscale.config import parse
@@ -13,7 +14,6 @@ from recscale.data.batch import Batch, SparseFeatures
 from recscale.model import ModelConfig
 from recscale.sharding import ShardingPlan, ShardSpec, TableSpec, Topology, plan_sharding
 from recscale.train import TrainConfig
-from recscale.train.launch import init_worker, worker_entry
 from recscale.train.loop import make_dense_optimizer
 from recscale.train.sharded import ShardedStep, build_sharded_model
 

@@ -175,8 +175,11 @@ def _chromium() -> tuple[str, str]:
     driver = shutil.which("chromedriver") or ("/usr/bin/chromedriver"
                                               if Path("/usr/bin/chromedriver").exists() else None)
     if not browser or not driver:
-        pytest.fail("headless Chromium is needed for the MLflow UI test: install the Debian "
-                    "packages with `apt-get install -y chromium chromium-driver` (.ci/run does)")
+        why = ("headless Chromium is needed for the MLflow UI test: install the Debian packages "
+               "with `apt-get install -y chromium chromium-driver` (make test does where it can)")
+        if os.environ.get("RECSCALE_REQUIRE_SYSTEM_PACKAGES") == "1":  # CI can install them
+            pytest.fail(why)
+        pytest.skip(why)
     return browser, driver
 
 

@@ -8,12 +8,12 @@ True
 See docs/sharding.md for the cost model, the algorithm and the topology presets.
 """
 
+from .config import ShardingConfig
 from .from_data import table_specs_from_manifest
 from .plan import RankPlan, ShardingPlan, ShardSpec, TablePlan
 from .planner import plan_sharding
 from .report import format_report, save_chart
 from .topology import PRESETS, Topology
-from .config import ShardingConfig
 from .types import (
     OPTIMIZER_STATE,
     SHARDING_TYPES,

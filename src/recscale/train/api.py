@@ -200,17 +200,17 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir):
                          "pipeline makes one)")
     out_dir = out_dir or default_out_dir()
     # one id per launch: elastic restarts of the worker group resume from its checkpoints
-    results = launch(sharded_train_worker,
-                     (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
-                      plan.to_dict(), out_dir, new_run_id()), train_cfg.launch)
-    mine = results[min(results)]
-    if mine["state_path"] is None or not os.path.exists(mine["state_path"]):
-        raise RuntimeError(f"rank {mine['rank']} cannot read the model rank 0 wrote at "
-                           f"{mine['state_path']}: ranks on several hosts need an out_dir "
-                           "they all see")
+    local = launch(sharded_train_worker,
+                   (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
+                    plan.to_dict(), out_dir, new_run_id()), train_cfg.launch)
+    run = local[min(local)]  # every rank returns the whole run
+    path = run["state_path"]
+    if not os.path.exists(path):
+        raise RuntimeError(f"ranks {sorted(local)} cannot read the model rank 0 wrote at {path}: "
+                           "ranks on several hosts need an output directory they all see")
     model = build_model_for(manifest, model_cfg, train_cfg)
-    model.load_state_dict(torch.load(mine["state_path"], weights_only=True))
-    return model, results
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model, run["ranks"]
 
 
 def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, tables,

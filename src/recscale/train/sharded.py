@@ -66,18 +66,21 @@ def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, "dlrm_state_dict.pt")
         torch.save(state, path)
-    box = [path]  # every rank learns where the model is (under torchrun each rank returns it)
-    dist.broadcast_object_list(box, src=0, group=ctx.sparse_group)
-    res.state_path = box[0]
+    res.state_path = path
+    # every rank returns every rank's result and where the model is: the launcher of each host
+    # (or each torchrun process) then has the whole run, not only its own ranks
+    ranks = [None] * ctx.world_size
+    dist.all_gather_object(ranks, res.__dict__, group=ctx.sparse_group)
     rt.model.embeddings.close()
-    return res.__dict__
+    return {"ranks": dict(enumerate(ranks)), "state_path": ranks[0]["state_path"]}
 
 
 @record
 @worker_entry
 def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: dict,
                          plan_d: dict, out_dir: str, run_id: str = "run") -> dict[str, Any]:
-    """Entry point of every worker process (picklable arguments only)."""
+    """Entry point of every worker process (picklable arguments only). -> {"ranks": {rank:
+    RankResult as a dict}, "state_path": the unsharded model rank 0 wrote}."""
     train_cfg = parse(TrainConfig, train_d, "train")
     ctx = init_worker(train_cfg.launch, train_cfg.device)
     try:
