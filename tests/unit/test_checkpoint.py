@@ -208,3 +208,33 @@ def test_init_from_starts_with_the_checkpoints_model_and_optimizer_state_counter
     assert any(torch.any((s > 0) & (c == 0)) for (s,), (c,) in zip(src_state, cold_state))
     sd_w, sd_c = warm.model.state_dict(), cold.model.state_dict()
     assert any(not torch.equal(sd_w[k], sd_c[k]) for k in sd_w)
+
+
+def test_the_cuda_rng_state_is_saved_and_restored(tmp_path, monkeypatch):
+    """A checkpoint restores the CUDA generator as well as the CPU one. Without a GPU a fake CUDA
+    generator stands in (torch.cuda.is_available / get_rng_state / set_rng_state); with one, the
+    real generator is used."""
+    from torch import nn
+
+    from recscale.train.checkpoint import CheckpointConfig, Checkpointer, dense_tensors
+
+    fake = not torch.cuda.is_available()
+    if fake:
+        gen = {"state": torch.randint(0, 256, (16,), dtype=torch.uint8)}
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": gen["state"].clone())
+        monkeypatch.setattr(torch.cuda, "set_rng_state",
+                            lambda new, device="cuda": gen.__setitem__("state", new.clone()))
+    dense = nn.Linear(3, 2)
+    ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path)), "run")
+    saved = torch.cuda.get_rng_state().clone()
+    tensors, rest = dense_tensors(dense, None)
+    ckpt.save(1, [], tensors, rest, {"epoch": 0, "batches": 1, "samples": 1,
+                                      "global_samples": 1, "steps": 1})
+    if fake:
+        gen["state"] = torch.zeros(16, dtype=torch.uint8)  # the generator moves on
+    else:
+        torch.cuda.manual_seed(123)
+    assert not torch.equal(torch.cuda.get_rng_state(), saved)
+    assert Checkpointer(CheckpointConfig(dir=str(tmp_path)), "run").restore([], dense, None)
+    assert torch.equal(torch.cuda.get_rng_state(), saved)

@@ -31,10 +31,6 @@ class CommStats:
         self.calls[name] += 1
 
     @property
-    def total_bytes(self) -> int:
-        return sum(self.bytes_sent.values())
-
-    @property
     def total_seconds(self) -> float:
         return sum(self.seconds.values())
 

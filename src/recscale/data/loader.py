@@ -147,21 +147,17 @@ class RowGroupSource(tn.BaseNode[RowGroupRef]):
 
 
 class Rebatcher(tn.BaseNode[Columns]):
-    """Cuts a stream of row groups into batches of exactly ``batch_size`` rows.
-
-    The last short batch is yielded unless ``drop_last``; its rows are then counted as dropped in
-    ``rows_dropped`` so no row goes missing unnoticed. State: batches emitted this epoch (a resume
-    re-reads and skips them, which is exact because the order is deterministic).
+    """Cuts a stream of row groups into batches of exactly ``batch_size`` rows, the last one
+    shorter (no row is ever dropped). State: batches emitted this epoch (a resume re-reads and
+    skips them, which is exact because the order is deterministic).
     """
 
-    def __init__(self, source: tn.BaseNode[Columns], batch_size: int, drop_last: bool = False):
+    def __init__(self, source: tn.BaseNode[Columns], batch_size: int):
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size} is not allowed: expected a positive integer")
         self.source = source
         self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.rows_dropped = 0
         self._buf: list[Columns] = []
         self._n = 0
         self._emitted = 0
@@ -170,7 +166,6 @@ class Rebatcher(tn.BaseNode[Columns]):
         super().reset(initial_state)
         self.source.reset()
         self._buf, self._n, self._emitted = [], 0, 0
-        self.rows_dropped = 0
         for _ in range(initial_state["batches_emitted"] if initial_state else 0):
             self.next()
 
@@ -184,10 +179,6 @@ class Rebatcher(tn.BaseNode[Columns]):
                 self._buf.append(part)
                 self._n += len(part)
         if self._n == 0:
-            raise StopIteration
-        if self._n < self.batch_size and self.drop_last:
-            self.rows_dropped += self._n
-            self._buf, self._n = [], 0
             raise StopIteration
         merged = Columns.concat(self._buf)
         take = min(self.batch_size, self._n)
@@ -208,7 +199,6 @@ class LoaderConfig(Validated):
     world_size: int = 1
     reader_workers: int = 2
     prefetch: int = 4
-    drop_last: bool = False
     pin_memory: bool = False
 
     def validate(self, prefix: str = "loader") -> None:
@@ -225,7 +215,7 @@ def make_loader(files: Sequence[str | os.PathLike], cfg: LoaderConfig) -> tn.Loa
     node: tn.BaseNode = RowGroupSource(refs)
     node = tn.ParallelMapper(node, read_row_group, num_workers=max(1, cfg.reader_workers),
                              in_order=True, method="thread")
-    node = Rebatcher(node, cfg.batch_size, drop_last=cfg.drop_last)
+    node = Rebatcher(node, cfg.batch_size)
     node = tn.Mapper(node, to_batch)
     if cfg.pin_memory and torch.cuda.is_available():
         node = tn.PinMemory(node)

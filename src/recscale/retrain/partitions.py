@@ -65,9 +65,6 @@ class PartitionLedger:
                              f"expected {LEDGER_FORMAT!r})")
         return list(data["consumed"])
 
-    def consumed(self) -> set[str]:
-        return {e["partition"] for e in self.entries()}
-
     def new_partitions(self, found: list[Partition], limit: int | None = None) -> list[Partition]:
         """``found`` minus the consumed ones, oldest first, at most ``limit``."""
         done = {e["partition"]: e for e in self.entries()}

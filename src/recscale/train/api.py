@@ -17,7 +17,7 @@ import torch
 
 from recscale import __version__
 from recscale.comm import CommsConfig
-from recscale.config import to_dict
+from recscale.config import ConfigError, to_dict
 from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import count_rows
 from recscale.distributed import in_torchrun, launch, set_threads
@@ -198,6 +198,9 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir):
     if plan is None:
         raise ValueError("train.launch.world_size > 1 needs a sharding plan (the sharding "
                          "pipeline makes one)")
+    if in_torchrun() and int(os.environ["WORLD_SIZE"]) != train_cfg.world_size:
+        raise ConfigError(f"train.launch.world_size={train_cfg.world_size} is not allowed here: "
+                          f"torchrun started {os.environ['WORLD_SIZE']} ranks")
     out_dir = out_dir or default_out_dir()
     # one id per launch: elastic restarts of the worker group resume from its checkpoints
     local = launch(sharded_train_worker,

@@ -1,0 +1,27 @@
+"""Run by tests/distributed/test_torchrun.py under torchrun: the training node as every rank
+runs it, then what this rank got (samples trained, a checksum of the model)."""
+
+import json
+import os
+import sys
+
+import torch
+
+from recscale.config import parse
+from recscale.pipelines.training.nodes import train_model
+from recscale.train import DLRMConfig
+
+
+def main(manifest_path: str, plan_path: str, params_path: str, out_path: str) -> None:
+    manifest = json.loads(open(manifest_path).read())
+    plan = json.loads(open(plan_path).read())
+    cfg = parse(DLRMConfig, json.loads(open(params_path).read()), "")
+    state, history, metrics, resolved, figures = train_model(manifest, plan, cfg)
+    checksum = float(sum(v.double().sum() for v in state.values() if v.is_floating_point()))
+    with open(out_path, "w") as fh:
+        json.dump({"samples": metrics["samples"]["value"], "checksum": checksum,
+                   "history_points": len(history["loss"])}, fh)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4], sys.argv[4].format(rank=os.environ["RANK"]))
