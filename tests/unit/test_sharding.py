@@ -25,9 +25,9 @@ from recscale.sharding import (
     plan_sharding,
     save_chart,
 )
+from recscale.sharding.context import PlanContext, option_costs
 from recscale.sharding.cost import CostModel, column_splits, row_blocks
 from recscale.sharding.enumerate import TableArrays, enumerate_options
-from recscale.sharding.partition import Partitioner
 
 HIER = ("table_row_wise", "table_column_wise")
 
@@ -96,8 +96,8 @@ def test_every_sharding_type_is_enumerated_and_costed():
     arrays = TableArrays.build(tables)
     grid = enumerate_options(arrays, topo, opts)
     assert set(grid.kind.tolist()) == set(range(len(SHARDING_TYPES)))
-    p = Partitioner(arrays, topo, 512, opts)
-    oc = p.option_costs(np.zeros(2, dtype=int), np.zeros(2))
+    ctx = PlanContext.build(arrays, topo, 512, opts)
+    oc = option_costs(ctx, np.zeros(2, dtype=int), np.zeros(2))
     for kind in range(len(SHARDING_TYPES)):
         cols = np.flatnonzero((grid.kind == kind) & grid.valid[0])
         assert cols.size, SHARDING_TYPES[kind]
