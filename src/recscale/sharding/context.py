@@ -49,7 +49,7 @@ class PlanContext:
     dp_col: int  # the data-parallel option's column in the grid
 
     @classmethod
-    def build(cls, tables: TableArrays, topo: Topology, batch_size: int,
+    def build(cls, tables: TableArrays, topo: Topology, batch_size_per_rank: int,
               opts: PlannerOptions) -> PlanContext:
         grid = enumerate_options(tables, topo, opts)
         for name in ("kind", "k", "valid", "n_shards", "wide_rows", "wide_cols", "mean_rows",
@@ -58,7 +58,7 @@ class PlanContext:
         cap = np.array([topo.capacity(t) for t in TIERS])
         W = topo.world_size
         return cls(
-            tables=tables, topo=topo, opts=opts, model=CostModel(topo, batch_size, opts),
+            tables=tables, topo=topo, opts=opts, model=CostModel(topo, batch_size_per_rank, opts),
             grid=grid, W=W, Lw=topo.local_world_size, ct=TIER_INDEX[topo.compute_tier],
             avail=tuple(TIER_INDEX[t] for t in topo.tiers), capacity=_read_only(cap),
             budget=_read_only(cap * opts.memory_fraction),

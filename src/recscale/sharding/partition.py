@@ -56,8 +56,9 @@ from .types import PlannerError, PlannerOptions
 TIER_FILLS = (0.95, 0.85, 0.7)
 
 
-def solve(tables: TableArrays, topo: Topology, batch_size: int, opts: PlannerOptions) -> Solution:
-    ctx = PlanContext.build(tables, topo, batch_size, opts)
+def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
+          opts: PlannerOptions) -> Solution:
+    ctx = PlanContext.build(tables, topo, batch_size_per_rank, opts)
     if opts.strategy == "balanced":
         is_dp = choose_data_parallel(ctx)
     else:
