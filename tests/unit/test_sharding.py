@@ -1,5 +1,5 @@
 """Sharding planner: enumeration, cost model, shard geometry, capacities, determinism, round trip,
-errors, accessors, report/chart and CLI."""
+errors, accessors, report/chart, CLI, the ``sharding`` config block and plan-vs-run checks."""
 
 from __future__ import annotations
 
@@ -8,16 +8,20 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from recscale.comm import CommsConfig
+from recscale.config import ConfigError, parse
 from recscale.sharding import (
     SHARDING_TYPES,
+    PlanMismatchError,
     PlannerError,
     PlannerOptions,
+    ShardingConfig,
     ShardingPlan,
     TableSpec,
     Topology,
@@ -25,9 +29,9 @@ from recscale.sharding import (
     plan_sharding,
     save_chart,
 )
+from recscale.sharding.context import PlanContext, option_costs
 from recscale.sharding.cost import CostModel, column_splits, row_blocks
 from recscale.sharding.enumerate import TableArrays, enumerate_options
-from recscale.sharding.partition import Partitioner
 
 HIER = ("table_row_wise", "table_column_wise")
 
@@ -96,8 +100,8 @@ def test_every_sharding_type_is_enumerated_and_costed():
     arrays = TableArrays.build(tables)
     grid = enumerate_options(arrays, topo, opts)
     assert set(grid.kind.tolist()) == set(range(len(SHARDING_TYPES)))
-    p = Partitioner(arrays, topo, 512, opts)
-    oc = p.option_costs(np.zeros(2, dtype=int), np.zeros(2))
+    ctx = PlanContext.build(arrays, topo, 512, opts)
+    oc = option_costs(ctx, np.zeros(2, dtype=int), np.zeros(2))
     for kind in range(len(SHARDING_TYPES)):
         cols = np.flatnonzero((grid.kind == kind) & grid.valid[0])
         assert cols.size, SHARDING_TYPES[kind]
@@ -272,7 +276,7 @@ def test_round_trip_through_json(tmp_path):
 def test_accessors_for_the_runtime():
     topo = zionex(16)
     plan = plan_sharding(mix(20), topo, 512)
-    assert plan.world_size == 16 and plan.batch_size == 512 and plan.local_world_size == 8
+    assert plan.world_size == 16 and plan.batch_size_per_rank == 512 and plan.local_world_size == 8
     types = plan.sharding_types()
     assert list(types) == [t.name for t in mix(20)]
     n = 0
@@ -416,6 +420,94 @@ def test_topology_presets():
     assert (h.world_size, h.hbm_bytes, h.inter_node_bw) == (8, 80e9, 50e9)
     assert Topology.preset("zionex", world_size=4).local_world_size == 4
     assert Topology.from_dict(z.to_dict()) == z
+
+
+# --- the sharding parameter block ----------------------------------------------------------------------
+def test_sharding_config_parses_the_parameter_block():
+    cfg = parse(ShardingConfig, {"topology": "zionex", "world_size": 16,
+                                 "options": {"weight_precision": "fp16", "strategy": "greedy",
+                                             "comms": "bf16", "split_fractions": [0.5]}},
+                "sharding")
+    assert isinstance(cfg.options, PlannerOptions)
+    assert cfg.options == PlannerOptions(weight_precision="fp16", strategy="greedy", comms="bf16",
+                                         split_fractions=(0.5,))
+    assert cfg.topology_for(4) == Topology.preset("zionex", world_size=16)
+    assert ShardingConfig().options == PlannerOptions()
+    assert parse(ShardingConfig, {"options": None}, "sharding").options == PlannerOptions()
+    # null world_size: the run's; the run fills the optimizer and the wire precisions
+    assert parse(ShardingConfig, {}, "sharding").topology_for(2).world_size == 2
+    run = replace(cfg.options, optimizer="exact_sgd", comms=CommsConfig("fp16", "fp16", "fp32"))
+    assert run.optimizer == "exact_sgd" and run.comms.forward == "fp16"
+    assert run.weight_precision == "fp16"
+    again = PlannerOptions.coerce(cfg.options, optimizer="adam", comms={"backward": "fp16"})
+    assert again.optimizer == "adam" and again.comms == CommsConfig(backward="fp16")
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"topology": "tpu-pod"}, r"sharding.topology='tpu-pod' is not allowed: .*'zionex'"),
+        ({"topolgy": "zionex"}, r"unknown key sharding.topolgy"),
+        ({"world_size": 0}, r"sharding.world_size=0 "),
+        ({"local_world_size": 1.5}, r"sharding.local_world_size=1.5 "),
+        ({"options": {"colour": 1}}, r"unknown key sharding.options.colour"),
+        ({"options": {"memory_fraction": 2}}, r"sharding.options.memory_fraction=2 .*\(0, 1\]"),
+        ({"options": {"comms": {"forward": "fp12"}}}, r"sharding.options.comms.forward='fp12'"),
+        ({"options": "fast"}, r"sharding.options='fast' .*mapping"),
+    ],
+)
+def test_sharding_config_names_the_bad_key(params, match):
+    with pytest.raises(ConfigError, match=match):
+        parse(ShardingConfig, params, "sharding")
+
+
+def test_sharding_config_validates_on_construction():
+    with pytest.raises(ConfigError, match=r"^sharding.topology='x' "):
+        ShardingConfig(topology="x")
+    with pytest.raises(ConfigError, match=r"^sharding.options.strategy='x' "):
+        ShardingConfig(options={"strategy": "x"})
+
+
+# --- a plan knows the run it was made for ------------------------------------------------------------------
+def test_plan_refuses_a_run_it_was_not_made_for():
+    comms = CommsConfig("fp16", "bf16", "bf16")
+    plan = plan_sharding(mix(8), zionex(8), batch_size_per_rank=512, comms=comms)
+    assert plan.batch_size_per_rank == 512 and plan.to_dict()["batch_size_per_rank"] == 512
+    plan.check_matches(batch_size_per_rank=512, world_size=8)
+    plan.check_matches(batch_size_per_rank=512, world_size=8,
+                       comms=CommsConfig("fp16", "bf16", "bf16", loss_scale=8.0))
+    with pytest.raises(PlanMismatchError) as info:
+        plan.check_matches(batch_size_per_rank=1024, world_size=8, comms=comms)
+    assert str(info.value) == (
+        "the sharding plan was made for batch_size_per_rank=512 but "
+        "train.batch_size_per_rank=1024: plan again for this run (kedro run --pipeline=sharding) "
+        "or set train.batch_size_per_rank=512")
+    assert isinstance(info.value, ConfigError)
+    assert (info.value.key, info.value.planned, info.value.actual) == (
+        "train.batch_size_per_rank", 512, 1024)
+    with pytest.raises(PlanMismatchError, match=(
+            r"^the sharding plan was made for world_size=8 but train.launch.world_size=16: plan "
+            r"again .* or set train.launch.world_size=8$")):
+        plan.check_matches(batch_size_per_rank=512, world_size=16)
+    for field, other in (("forward", CommsConfig("fp32", "bf16", "bf16")),
+                         ("backward", CommsConfig("fp16", "fp16", "bf16")),
+                         ("dense_allreduce", CommsConfig("fp16", "bf16", "fp32"))):
+        planned, actual = getattr(comms, field), getattr(other, field)
+        with pytest.raises(PlanMismatchError, match=(
+                rf"^the sharding plan was made for comms.{field}={planned} but "
+                rf"comms.{field}={actual}: .* or set comms.{field}={planned}$")):
+            plan.check_matches(batch_size_per_rank=512, world_size=8, comms=other)
+    # the first mismatch is named
+    with pytest.raises(PlanMismatchError, match="batch_size_per_rank=512 but"):
+        plan.check_matches(batch_size_per_rank=1, world_size=1, comms=CommsConfig())
+
+
+def test_plans_saved_with_batch_size_still_load():
+    plan = plan_sharding(mix(5), zionex(8), 256)
+    d = plan.to_dict()
+    old = {("batch_size" if k == "batch_size_per_rank" else k): v for k, v in d.items()}
+    assert "batch_size_per_rank" not in old
+    assert ShardingPlan.from_dict(old) == plan
 
 
 # --- CLI and import hygiene -----------------------------------------------------------------------------

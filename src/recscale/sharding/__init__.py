@@ -5,12 +5,13 @@
 >>> plan.table("t0").sharding_type in SHARDING_TYPES
 True
 
-See docs/sharding.md for the cost model, the algorithm and the topology presets.
+See docs/sharding.md for the cost model, the algorithm (one module per stage, driven by
+``partition.solve``) and the topology presets.
 """
 
 from .config import ShardingConfig
 from .from_data import table_specs_from_manifest
-from .plan import RankPlan, ShardingPlan, ShardSpec, TablePlan
+from .plan import PlanMismatchError, RankPlan, ShardingPlan, ShardSpec, TablePlan
 from .planner import plan_sharding
 from .report import format_report, save_chart
 from .topology import PRESETS, Topology
@@ -32,10 +33,12 @@ __all__ = [
     "SHARDING_TYPES",
     "TIERS",
     "WEIGHT_PRECISIONS",
+    "PlanMismatchError",
     "PlannerError",
     "PlannerOptions",
     "RankPlan",
     "ShardSpec",
+    "ShardingConfig",
     "ShardingPlan",
     "ShardingConfig",
     "ShardingType",

@@ -1,7 +1,9 @@
 """The planner's output: ``ShardingPlan`` and its parts, JSON round-trippable.
 
 ``ShardingPlan.from_dict(plan.to_dict()) == plan`` holds (``planning_seconds`` is stored but left out
-of equality, so two runs on the same input compare equal).
+of equality, so two runs on the same input compare equal). A plan records what it was made for
+(per-rank batch, world size, wire precisions); ``check_matches`` refuses a run that differs with
+``PlanMismatchError``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,21 @@ from .topology import Topology
 from .types import TIERS, PlannerOptions
 
 FORMAT_VERSION = 1
+_REPLAN = "plan again for this run (kedro run --pipeline=sharding)"
+
+
+class PlanMismatchError(ConfigError):
+    """A sharding plan was made for another run: another per-rank batch, world size or wire
+    precision. ``key`` is the run's setting that differs, ``planned`` the plan's value and
+    ``actual`` the run's."""
+
+    def __init__(self, field: str, planned: Any, key: str, actual: Any) -> None:
+        super().__init__(f"the sharding plan was made for {field}={planned} but {key}={actual}: "
+                         f"{_REPLAN} or set {key}={planned}")
+        self.field = field
+        self.key = key
+        self.planned = planned
+        self.actual = actual
 
 
 @dataclass(frozen=True)
@@ -153,7 +170,7 @@ class ShardingPlan:
     """Sharding type and shard placement of every table, with per-rank cost and memory."""
 
     topology: Topology
-    batch_size: int
+    batch_size_per_rank: int
     options: PlannerOptions
     cache_fraction: float
     tables: tuple[TablePlan, ...]
@@ -214,6 +231,24 @@ class ShardingPlan:
     def sharding_types(self) -> dict[str, str]:
         return {t.name: t.sharding_type for t in self.tables}
 
+    def check_matches(self, *, batch_size_per_rank: int, world_size: int,
+                      comms: CommsConfig | None = None) -> None:
+        """Raise ``PlanMismatchError`` naming the first setting of the run that differs from what
+        the plan was made for: ``train.batch_size_per_rank``, ``train.launch.world_size``, then
+        (when ``comms`` is given) ``comms.forward``, ``comms.backward``, ``comms.dense_allreduce``.
+        ``comms.loss_scale`` does not enter the plan and is not compared."""
+        if batch_size_per_rank != self.batch_size_per_rank:
+            raise PlanMismatchError("batch_size_per_rank", self.batch_size_per_rank,
+                                    "train.batch_size_per_rank", batch_size_per_rank)
+        if world_size != self.world_size:
+            raise PlanMismatchError("world_size", self.world_size, "train.launch.world_size",
+                                    world_size)
+        if comms is not None:
+            for name in ("forward", "backward", "dense_allreduce"):
+                planned, actual = getattr(self.options.comms, name), getattr(comms, name)
+                if actual != planned:
+                    raise PlanMismatchError(f"comms.{name}", planned, f"comms.{name}", actual)
+
     def report(self, max_rows: int = 20) -> str:
         from .report import format_report
 
@@ -225,7 +260,7 @@ class ShardingPlan:
         return {
             "format_version": FORMAT_VERSION,
             "topology": self.topology.to_dict(),
-            "batch_size": self.batch_size,
+            "batch_size_per_rank": self.batch_size_per_rank,
             "options": self.options.to_dict(),
             "cache_fraction": self.cache_fraction,
             "tables": [t.to_dict() for t in self.tables],
@@ -257,7 +292,9 @@ class ShardingPlan:
         opts["split_fractions"] = tuple(opts["split_fractions"])
         return cls(
             topology=Topology.from_dict(d["topology"]),
-            batch_size=int(d["batch_size"]),
+            # plans saved before the field was renamed say "batch_size"
+            batch_size_per_rank=int(d["batch_size_per_rank"] if "batch_size_per_rank" in d
+                                    else d["batch_size"]),
             options=PlannerOptions(**{**opts, "comms": CommsConfig.coerce(opts["comms"])}),
             cache_fraction=float(d["cache_fraction"]),
             tables=tuple(TablePlan.from_dict(t) for t in d["tables"]),

@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from recscale.config import ConfigError
+from recscale.config import ConfigError, check
 
 from .cost import DP
 from .enumerate import TableArrays
 from .partition import solve
 from .plan import RankPlan, ShardingPlan, ShardSpec, TablePlan
+from .shards import Solution
 from .topology import Topology
 from .types import SHARDING_TYPES, TIERS, PlannerOptions, TableSpec
 
@@ -53,13 +54,14 @@ def coerce_topology(topology: Topology | str) -> Topology:
 def plan_sharding(
     tables: Iterable[TableSpec | Mapping[str, Any]],
     topology: Topology | str,
-    batch_size: int,
+    batch_size_per_rank: int,
     options: PlannerOptions | Mapping[str, Any] | None = None,
     **overrides: Any,
 ) -> ShardingPlan:
     """Plan how every table is sharded and where every shard lives.
 
-    ``batch_size`` is the per-rank (local) batch. ``options`` / keyword overrides are the fields of
+    ``batch_size_per_rank`` is the per-rank (local) batch; the plan records it
+    (``ShardingPlan.batch_size_per_rank``) and ``ShardingPlan.check_matches`` compares it with a run's. ``options`` / keyword overrides are the fields of
     ``PlannerOptions`` (optimizer, weight_precision, comms, memory_fraction, cache_fraction,
     strategy, ...). Raises ``ConfigError`` (a ValueError) for bad inputs and ``PlannerError`` when
     the tables cannot fit.
@@ -67,17 +69,20 @@ def plan_sharding(
     start = time.perf_counter()
     specs = coerce_tables(tables)
     topo = coerce_topology(topology)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size <= 0:
-        raise ConfigError(f"batch_size={batch_size!r} is not allowed: expected a positive integer")
+    b = batch_size_per_rank
+    # the message keeps the name "batch_size" that callers and tests have always matched
+    check(not isinstance(b, bool) and isinstance(b, Integral) and b > 0, "batch_size", b,
+          "a positive integer")
     opts = PlannerOptions.coerce(options, **overrides)
     arrays = TableArrays.build(specs)
-    sol = solve(arrays, topo, int(batch_size), opts)
-    plan = _assemble(specs, topo, int(batch_size), opts, sol)
+    sol = solve(arrays, topo, int(b), opts)
+    plan = _assemble(specs, topo, int(b), opts, sol)
     object.__setattr__(plan, "planning_seconds", time.perf_counter() - start)
     return plan
 
 
-def _assemble(specs, topo: Topology, batch_size: int, opts: PlannerOptions, sol) -> ShardingPlan:
+def _assemble(specs, topo: Topology, batch_size_per_rank: int, opts: PlannerOptions,
+              sol: Solution) -> ShardingPlan:
     W = topo.world_size
     lay = sol.layout
     ct = topo.compute_tier
@@ -121,7 +126,7 @@ def _assemble(specs, topo: Topology, batch_size: int, opts: PlannerOptions, sol)
     crit = int(np.argmax(load))
     on_crit = [(-s.cost, tp.name) for tp in table_plans for s in tp.shards if s.rank == crit]
     crit_tables = tuple(name for _, name in sorted(on_crit)[:3])
-    return ShardingPlan(topology=topo, batch_size=batch_size, options=opts,
+    return ShardingPlan(topology=topo, batch_size_per_rank=batch_size_per_rank, options=opts,
                         cache_fraction=float(sol.cache_fraction), tables=tuple(table_plans),
                         ranks=ranks, critical_rank=crit, critical_tables=crit_tables)
 

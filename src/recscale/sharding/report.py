@@ -33,7 +33,7 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
     lines = [
         f"Sharding plan: {len(plan.tables)} tables on {topo.name} ({topo.world_size} ranks = "
         f"{topo.num_hosts} host{'s' if topo.num_hosts > 1 else ''} x {topo.local_world_size}), "
-        f"local batch {plan.batch_size}",
+        f"local batch {plan.batch_size_per_rank}",
         f"optimizer {o.optimizer}, weights {o.weight_precision}, comms forward {o.comms.forward} / "
         f"backward {o.comms.backward} / dense all-reduce {o.comms.dense_allreduce}, "
         f"cache fraction {plan.cache_fraction:g}, strategy {o.strategy}",

@@ -42,13 +42,14 @@ from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any
 
-from recscale.config import ConfigError
+from recscale.config import ConfigError, check, check_choice
 
 from .types import TIERS
 
 
-def _fail(key: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
+def _positive_int(key: str, value: Any) -> None:
+    check(not isinstance(value, bool) and isinstance(value, Integral) and value > 0, key, value,
+          "a positive integer")
 
 
 @dataclass(frozen=True)
@@ -71,30 +72,27 @@ class Topology:
     def __post_init__(self) -> None:
         for key in ("world_size", "local_world_size"):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, Integral) or v <= 0:
-                _fail(key, v, "a positive integer")
+            _positive_int(key, v)
             object.__setattr__(self, key, int(v))
-        if self.world_size % self.local_world_size:
-            _fail("world_size", self.world_size,
-                  f"a multiple of local_world_size={self.local_world_size} "
-                  f"(e.g. {self.local_world_size * max(1, self.world_size // self.local_world_size)})")
+        check(self.world_size % self.local_world_size == 0, "world_size", self.world_size,
+              f"a multiple of local_world_size={self.local_world_size} "
+              f"(e.g. {self.local_world_size * max(1, self.world_size // self.local_world_size)})")
         for key in ("hbm_bytes", "ddr_bytes", "ssd_bytes", "hbm_bw", "ddr_bw", "ssd_bw",
                     "intra_node_bw", "inter_node_bw"):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, Real) or not v >= 0 or v == float("inf"):
-                _fail(key, v, "a non-negative finite number")
+            check(not isinstance(v, bool) and isinstance(v, Real) and v >= 0 and v != float("inf"),
+                  key, v, "a non-negative finite number")
             object.__setattr__(self, key, float(v))
         for t in TIERS:
-            if self.capacity(t) > 0 and self.bandwidth(t) <= 0:
-                _fail(f"{t}_bw", self.bandwidth(t), f"a positive number when {t}_bytes > 0")
-        if not self.tiers:
-            _fail("hbm_bytes/ddr_bytes/ssd_bytes", 0, "at least one tier with positive capacity")
-        if self.world_size > 1 and self.local_world_size > 1 and self.intra_node_bw <= 0:
-            _fail("intra_node_bw", self.intra_node_bw, "a positive number")
-        if self.world_size > self.local_world_size and self.inter_node_bw <= 0:
-            _fail("inter_node_bw", self.inter_node_bw, "a positive number")
-        if self.device not in ("cuda", "cpu"):
-            _fail("device", self.device, "'cuda' or 'cpu'")
+            check(self.capacity(t) <= 0 or self.bandwidth(t) > 0, f"{t}_bw", self.bandwidth(t),
+                  f"a positive number when {t}_bytes > 0")
+        check(len(self.tiers) > 0, "hbm_bytes/ddr_bytes/ssd_bytes", 0,
+              "at least one tier with positive capacity")
+        check(not (self.world_size > 1 and self.local_world_size > 1 and self.intra_node_bw <= 0),
+              "intra_node_bw", self.intra_node_bw, "a positive number")
+        check(not (self.world_size > self.local_world_size and self.inter_node_bw <= 0),
+              "inter_node_bw", self.inter_node_bw, "a positive number")
+        check(self.device in ("cuda", "cpu"), "device", self.device, "'cuda' or 'cpu'")
 
     # --- derived ---------------------------------------------------------------------------------
     @property
@@ -127,8 +125,8 @@ class Topology:
         from dataclasses import replace
 
         for key, v in (("ram_budget_bytes", ram_bytes), ("ssd_bytes", ssd_bytes)):
-            if isinstance(v, bool) or not isinstance(v, Real) or not v > 0:
-                _fail(key, v, "a positive number of bytes")
+            check(not isinstance(v, bool) and isinstance(v, Real) and v > 0, key, v,
+                  "a positive number of bytes")
         bw = ssd_bw or self.ssd_bw or DEFAULT_SSD_BW
         return replace(self, ddr_bytes=float(ram_bytes), ssd_bytes=float(ssd_bytes),
                        ssd_bw=float(bw))
@@ -142,15 +140,12 @@ class Topology:
         ``world_size`` defaults to one host; per-node memory is shared by ``local_world_size`` ranks.
         If ``world_size`` is smaller than a host, the host shrinks to ``world_size`` ranks.
         """
-        if name not in PRESETS:
-            _fail("topology", name, "one of " + ", ".join(repr(p) for p in PRESETS))
+        check_choice("topology", name, tuple(PRESETS))
         node = PRESETS[name]
         lws = node["local_world_size"] if local_world_size is None else local_world_size
-        if isinstance(lws, bool) or not isinstance(lws, Integral) or lws <= 0:
-            _fail("local_world_size", lws, "a positive integer")
+        _positive_int("local_world_size", lws)
         ws = lws if world_size is None else world_size
-        if isinstance(ws, bool) or not isinstance(ws, Integral) or ws <= 0:
-            _fail("world_size", ws, "a positive integer")
+        _positive_int("world_size", ws)
         lws = min(int(lws), int(ws))
         return cls(
             world_size=int(ws),

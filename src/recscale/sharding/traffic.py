@@ -15,7 +15,7 @@ def estimate_comm_bytes(plan: ShardingPlan, lengths_bytes: int = 4) -> dict[str,
     """-> {"input": ids + lengths, "output": pooled forward, "output_grad": backward,
     "dp_allreduce": replicated-table gradients, "total": the sum}, summed over all ranks."""
     W = plan.world_size
-    B = float(plan.batch_size)
+    B = float(plan.batch_size_per_rank)
     opts = plan.options
     fb = PRECISION_BYTES[opts.comms.forward]
     bb = PRECISION_BYTES[opts.comms.backward]

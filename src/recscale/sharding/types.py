@@ -14,7 +14,7 @@ from numbers import Integral, Real
 from typing import Any
 
 from recscale.comm.precision import CommsConfig
-from recscale.config import ConfigError
+from recscale.config import ConfigError, check, check_choice
 
 
 class ShardingType(str, enum.Enum):
@@ -67,28 +67,24 @@ class PlannerError(Exception):
         self.suggestions = tuple(suggestions)
 
 
-def _fail(key: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")
-
-
 def _choice(key: str, value: Any, choices: Sequence[str]) -> str:
+    """``value`` (an enum member counts as its value) among ``choices``, as a string."""
     if isinstance(value, enum.Enum):
         value = value.value
-    if value not in choices:
-        _fail(key, value, "one of " + ", ".join(repr(c) for c in choices))
+    check_choice(key, value, choices)
     return str(value)
 
 
 def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) <= 0:
-        _fail(key, value, "a positive integer")
+    check(not isinstance(value, bool) and isinstance(value, Integral) and int(value) > 0, key,
+          value, "a positive integer")
     return int(value)
 
 
 def _positive_float(key: str, value: Any, *, allow_zero: bool = False) -> float:
     ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(float(value))
-    if not ok or float(value) < 0 or (float(value) == 0 and not allow_zero):
-        _fail(key, value, "a non-negative finite number" if allow_zero else "a positive number")
+    check(ok and float(value) >= 0 and (float(value) > 0 or allow_zero), key, value,
+          "a non-negative finite number" if allow_zero else "a positive number")
     return float(value)
 
 
@@ -111,9 +107,8 @@ class TableConstraints:
             seq = self.sharding_types
             if isinstance(seq, (str, ShardingType)):
                 seq = (seq,)
-            if not isinstance(seq, (list, tuple)) or not seq:
-                _fail("constraints.sharding_types", self.sharding_types,
-                      "a non-empty list of " + ", ".join(SHARDING_TYPES))
+            check(isinstance(seq, (list, tuple)) and len(seq) > 0, "constraints.sharding_types",
+                  self.sharding_types, "a non-empty list of " + ", ".join(SHARDING_TYPES))
             types = tuple(
                 _choice(f"constraints.sharding_types[{i}]", t, SHARDING_TYPES)
                 for i, t in enumerate(seq)
@@ -126,13 +121,12 @@ class TableConstraints:
     def coerce(cls, value: Any, where: str = "constraints") -> TableConstraints | None:
         if value is None or isinstance(value, TableConstraints):
             return value
-        if isinstance(value, Mapping):
-            _check_keys(where, value, cls)
-            st = value.get("sharding_types")
-            return cls(sharding_types=tuple(st) if isinstance(st, list) else st,
-                       tier=value.get("tier"))
-        _fail(where, value, "a mapping with keys sharding_types and/or tier")
-        raise AssertionError  # unreachable
+        check(isinstance(value, Mapping), where, value,
+              "a mapping with keys sharding_types and/or tier")
+        _check_keys(where, value, cls)
+        st = value.get("sharding_types")
+        return cls(sharding_types=tuple(st) if isinstance(st, list) else st,
+                   tier=value.get("tier"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"sharding_types": None if self.sharding_types is None else list(self.sharding_types),
@@ -155,8 +149,8 @@ class TableSpec:
     constraints: TableConstraints | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            _fail("name", self.name, "a non-empty string")
+        check(isinstance(self.name, str) and len(self.name) > 0, "name", self.name,
+              "a non-empty string")
         where = f"table {self.name!r}"
         object.__setattr__(self, "num_embeddings",
                            _positive_int(f"{where}: num_embeddings", self.num_embeddings))
@@ -169,8 +163,8 @@ class TableSpec:
             names = (names,)
         if names is None or len(names) == 0:
             names = (self.name,)
-        if not all(isinstance(n, str) and n for n in names):
-            _fail(f"{where}: feature_names", self.feature_names, "a list of non-empty strings")
+        check(all(isinstance(n, str) and n for n in names), f"{where}: feature_names",
+              self.feature_names, "a list of non-empty strings")
         object.__setattr__(self, "feature_names", tuple(names))
         object.__setattr__(self, "constraints",
                            TableConstraints.coerce(self.constraints, f"{where}: constraints"))
@@ -190,8 +184,8 @@ class TableSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "table") -> TableSpec:
-        if not isinstance(d, Mapping):
-            _fail(where, d, "a mapping with name, num_embeddings, embedding_dim, ...")
+        check(isinstance(d, Mapping), where, d,
+              "a mapping with name, num_embeddings, embedding_dim, ...")
         _check_keys(where, d, cls)
         for key in ("name", "num_embeddings", "embedding_dim"):
             if key not in d:
@@ -239,6 +233,10 @@ class PlannerOptions:
     - ``strategy``: "balanced" (this planner), or the baselines "greedy" / "round_robin"
       (table-wise, row-wise only for tables too large for one rank, no search).
     - ``max_improve_iters``: cap on local-search steps (0: 8 * world_size + 200).
+
+    Built directly, a bad value fails naming the field (``memory_fraction=2 ...``); built by
+    ``coerce(mapping, key="sharding.options")``, naming the full key
+    (``sharding.options.memory_fraction=2 ...``).
     """
 
     optimizer: str = "exact_rowwise_adagrad"
@@ -257,52 +255,31 @@ class PlannerOptions:
     max_improve_iters: int = 0
 
     def __post_init__(self) -> None:
-        _choice("optimizer", self.optimizer, tuple(OPTIMIZER_STATE))
-        _choice("weight_precision", self.weight_precision, WEIGHT_PRECISIONS)
-        object.__setattr__(self, "comms", CommsConfig.coerce(self.comms))
-        mf = _positive_float("memory_fraction", self.memory_fraction)
-        if mf > 1:
-            _fail("memory_fraction", self.memory_fraction, "a number in (0, 1]")
-        _positive_int("column_granularity", self.column_granularity)
-        _positive_int("min_column_width", self.min_column_width)
-        if self.cache_fraction is not None:
-            c = _positive_float("cache_fraction", self.cache_fraction, allow_zero=True)
-            if c >= 1:
-                _fail("cache_fraction", self.cache_fraction, "a number in [0, 1) or null")
-        _positive_float("cache_hit_exponent", self.cache_hit_exponent)
-        _positive_int("index_bytes", self.index_bytes)
-        pf = _positive_float("pack_fraction", self.pack_fraction)
-        if pf > 1:
-            _fail("pack_fraction", self.pack_fraction, "a number in (0, 1]")
-        _positive_float("data_parallel_max_fraction", self.data_parallel_max_fraction,
-                        allow_zero=True)
-        sf = self.split_fractions
-        if isinstance(sf, Real):
-            sf = (sf,)
-        if not isinstance(sf, (list, tuple)) or not sf:
-            _fail("split_fractions", self.split_fractions, "a non-empty list of positive numbers")
-        object.__setattr__(self, "split_fractions",
-                           tuple(_positive_float("split_fractions", x) for x in sf))
-        _choice("strategy", self.strategy, STRATEGIES)
-        if isinstance(self.max_improve_iters, bool) or not isinstance(
-            self.max_improve_iters, Integral
-        ) or self.max_improve_iters < 0:
-            _fail("max_improve_iters", self.max_improve_iters, "a non-negative integer")
+        values = _checked_options({f.name: getattr(self, f.name) for f in fields(self)}, "")
+        object.__setattr__(self, "comms", values["comms"])
+        object.__setattr__(self, "split_fractions", values["split_fractions"])
 
     @classmethod
-    def coerce(cls, value: Any = None, **overrides: Any) -> PlannerOptions:
+    def coerce(cls, value: Any = None, *, key: str | None = None,
+               **overrides: Any) -> PlannerOptions:
+        """Options from None (the defaults), a ``PlannerOptions`` or a mapping of its fields, with
+        ``overrides`` (the keyword arguments of ``plan_sharding``) on top. ``key``: where the
+        options sit in a config file (``sharding.options``); errors then name ``key.field``."""
+        where = key or "options"
         if value is None:
             base: dict[str, Any] = {}
         elif isinstance(value, PlannerOptions):
             base = {f.name: getattr(value, f.name) for f in fields(cls)}
-        elif isinstance(value, Mapping):
-            _check_keys("options", value, cls)
-            base = dict(value)
         else:
-            _fail("options", value, "a PlannerOptions or a mapping of its fields")
-            raise AssertionError  # unreachable
+            check(isinstance(value, Mapping), where, value,
+                  "a PlannerOptions or a mapping of its fields")
+            _check_keys(where, value, cls)
+            base = dict(value)
         _check_keys("plan_sharding", overrides, cls)
         base.update(overrides)
+        if key:  # check here, so that errors name the full key
+            defaults = {f.name: getattr(_DEFAULT_OPTIONS, f.name) for f in fields(cls)}
+            base = _checked_options({**defaults, **base}, key)
         return cls(**base)
 
     def to_dict(self) -> dict[str, Any]:
@@ -310,3 +287,43 @@ class PlannerOptions:
         out["comms"] = self.comms.to_dict()
         out["split_fractions"] = list(self.split_fractions)
         return out
+
+
+def _checked_options(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """PlannerOptions field values checked (errors name ``prefix.field``), with ``comms`` as a
+    CommsConfig and ``split_fractions`` as a tuple of floats."""
+
+    def k(name: str) -> str:
+        return f"{prefix}.{name}" if prefix else name
+
+    out = dict(values)
+    _choice(k("optimizer"), values["optimizer"], tuple(OPTIMIZER_STATE))
+    _choice(k("weight_precision"), values["weight_precision"], WEIGHT_PRECISIONS)
+    out["comms"] = CommsConfig.coerce(values["comms"], k("comms"))
+    mf = _positive_float(k("memory_fraction"), values["memory_fraction"])
+    check(mf <= 1, k("memory_fraction"), values["memory_fraction"], "a number in (0, 1]")
+    _positive_int(k("column_granularity"), values["column_granularity"])
+    _positive_int(k("min_column_width"), values["min_column_width"])
+    if values["cache_fraction"] is not None:
+        c = _positive_float(k("cache_fraction"), values["cache_fraction"], allow_zero=True)
+        check(c < 1, k("cache_fraction"), values["cache_fraction"], "a number in [0, 1) or null")
+    _positive_float(k("cache_hit_exponent"), values["cache_hit_exponent"])
+    _positive_int(k("index_bytes"), values["index_bytes"])
+    pf = _positive_float(k("pack_fraction"), values["pack_fraction"])
+    check(pf <= 1, k("pack_fraction"), values["pack_fraction"], "a number in (0, 1]")
+    _positive_float(k("data_parallel_max_fraction"), values["data_parallel_max_fraction"],
+                    allow_zero=True)
+    sf = values["split_fractions"]
+    if isinstance(sf, Real):
+        sf = (sf,)
+    check(isinstance(sf, (list, tuple)) and len(sf) > 0, k("split_fractions"),
+          values["split_fractions"], "a non-empty list of positive numbers")
+    out["split_fractions"] = tuple(_positive_float(k("split_fractions"), x) for x in sf)
+    _choice(k("strategy"), values["strategy"], STRATEGIES)
+    mi = values["max_improve_iters"]
+    check(not isinstance(mi, bool) and isinstance(mi, Integral) and mi >= 0,
+          k("max_improve_iters"), mi, "a non-negative integer")
+    return out
+
+
+_DEFAULT_OPTIONS = PlannerOptions()

@@ -22,7 +22,7 @@ from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import count_rows
 from recscale.distributed import in_torchrun, launch, set_threads
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
-from recscale.sharding import ShardingPlan, Topology, plan_sharding
+from recscale.sharding import ShardingPlan, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.config import DLRMConfig, TrainConfig
@@ -89,8 +89,7 @@ def plan_for_run(manifest: dict, cfg: DLRMConfig) -> ShardingPlan:
     each rank that much RAM for embeddings and an SSD tier (the free space of
     ``train.tiers.scratch_dir``), so larger tables are planned onto SSD."""
     sh, train = cfg.sharding, cfg.train
-    topo = Topology.preset(sh.topology, world_size=sh.world_size or train.world_size,
-                           local_world_size=sh.local_world_size)
+    topo = sh.topology_for(train.world_size)
     if train.tiers.ram_budget_bytes is not None:
         scratch = train.tiers.scratch_dir or tempfile.gettempdir()
         os.makedirs(scratch, exist_ok=True)

@@ -1,0 +1,185 @@
+"""Stage 5: local search that lowers the slowest rank of a placed plan.
+
+In: the ``PlanContext`` and a ``Solution`` (``placement.place``; not modified).
+Out: ``improve`` -> a ``Solution`` whose maximum rank cost is no higher (shards moved between
+ranks; sharding types, tiers and caches unchanged).
+
+Each step works on the most loaded rank: the best single move of one of its shards to a rank with
+room (and no shard of the same table), else the best swap with a shard on one of the lightest
+ranks, else a 2-way re-partition of its shards and a light rank's by largest differencing
+(Karmarkar-Karp). It stops when none lowers the maximum, or after ``max_improve_iters`` steps
+(0: 8 x world_size + 200). Shards of groups spanning every rank never move; host-bound shards
+stay in their host.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import replace
+
+import numpy as np
+
+from .context import INF, PlanContext
+from .shards import Layout, Solution, summarize
+
+
+def improve(ctx: PlanContext, sol: Solution) -> Solution:
+    W = ctx.W
+    if W < 2 or sol.layout.rank.size == 0:
+        return sol
+    lay = replace(sol.layout, rank=sol.layout.rank.copy())
+    load = sol.load.copy()
+    free, occ = sol.free.copy(), sol.occ.copy()
+    cost = lay.cost
+    sizes = np.zeros(lay.rank.size, dtype=np.int64)
+    for _, s, e in lay.groups:
+        sizes[s:e] = e - s
+    movable = sizes < W
+    iters = ctx.opts.max_improve_iters or (8 * W + 200)
+    host_of = ctx.host_of
+    idx_all = np.arange(lay.rank.size)
+    for _ in range(iters):
+        r = int(np.argmax(load))
+        Lr = load[r]
+        tol = 1e-9 * Lr
+        on_r = idx_all[(lay.rank == r) & movable]
+        if on_r.size == 0:
+            break
+        on_r = on_r[np.lexsort((on_r, -cost[on_r]))][:64]
+        c = cost[on_r]
+        tab = lay.table[on_r]
+        need = lay.need[on_r]
+        # single move
+        ok = np.all(free[None, :, :] >= need[:, :, None] - 1e-6, axis=1)
+        ok &= occ[tab] == 0
+        hb = lay.host_bound[on_r]
+        ok &= ~hb[:, None] | (host_of[None, :] == host_of[r])
+        pair = np.maximum(Lr - c[:, None], load[None, :] + c[:, None])
+        pair = np.where(ok, pair, INF)
+        a = int(np.argmin(pair))
+        if pair.flat[a] < Lr - tol:
+            si, q = divmod(a, W)
+            _move(lay, int(on_r[si]), q, load, free, occ)
+            continue
+        # swap with a shard on one of the lightest ranks
+        light = np.argsort(load, kind="stable")[: min(8, W - 1)]
+        light = light[light != r]
+        on_l = idx_all[np.isin(lay.rank, light) & movable]
+        if on_l.size:
+            on_l = on_l[np.lexsort((on_l, -cost[on_l]))][:256]
+            if _best_swap(ctx, lay, on_r, on_l, r, load, free, occ, tol):
+                continue
+        if _kk_pair(ctx, lay, r, light[:4], load, free, occ, movable, tol):
+            continue
+        break
+    return summarize(ctx, lay, sol.dp_tables, sol.dp_compute, sol.dp_comms, sol.dp_need,
+                     sol.dp_storage, sol.cache_fraction, free, occ)
+
+
+def _move(lay: Layout, s: int, q: int, load: np.ndarray, free: np.ndarray,
+          occ: np.ndarray) -> None:
+    r = int(lay.rank[s])
+    c = lay.compute[s] + lay.comms[s]
+    load[r] -= c
+    load[q] += c
+    free[:, r] += lay.need[s]
+    free[:, q] -= lay.need[s]
+    occ[lay.table[s], r] -= 1
+    occ[lay.table[s], q] += 1
+    lay.rank[s] = q
+
+
+def _best_swap(ctx: PlanContext, lay: Layout, on_r, on_l, r, load, free, occ, tol) -> bool:
+    cost = lay.cost
+    cs, ct_ = cost[on_r], cost[on_l]
+    q = lay.rank[on_l]
+    delta = cs[:, None] - ct_[None, :]
+    Lr = load[r]
+    pair = np.maximum(Lr - delta, load[q][None, :] + delta)
+    ts, tt = lay.table[on_r], lay.table[on_l]
+    ok = delta > 0
+    ok &= ts[:, None] != tt[None, :]
+    ok &= occ[ts[:, None], q[None, :]] == 0
+    ok &= (occ[tt, r] == 0)[None, :]
+    hs, hl = lay.host_bound[on_r], lay.host_bound[on_l]
+    same_host = ctx.host_of[q] == ctx.host_of[r]
+    ok &= (~hs[:, None] | same_host[None, :]) & (~hl | same_host)[None, :]
+    ns, nl = lay.need[on_r], lay.need[on_l]
+    dn = ns[:, None, :] - nl[None, :, :]  # bytes leaving r, arriving at q
+    ok &= np.all(free[:, r][None, None, :] + dn >= -1e-6, axis=2)
+    ok &= np.all(free[:, q].T[None, :, :] - dn >= -1e-6, axis=2)
+    pair = np.where(ok, pair, INF)
+    a = int(np.argmin(pair))
+    if not pair.flat[a] < Lr - tol:
+        return False
+    i, j = divmod(a, on_l.size)
+    s, t = int(on_r[i]), int(on_l[j])
+    qq = int(lay.rank[t])
+    _move(lay, s, qq, load, free, occ)
+    _move(lay, t, r, load, free, occ)
+    return True
+
+
+def _kk_pair(ctx: PlanContext, lay: Layout, r, partners, load, free, occ, movable, tol) -> bool:
+    cost = lay.cost
+    Lr = load[r]
+    for q in partners:
+        q = int(q)
+        if q == r:
+            continue
+        cand = np.flatnonzero(((lay.rank == r) | (lay.rank == q)) & movable)
+        if cand.size < 2:
+            continue
+        tabs = lay.table[cand]
+        both = (occ[tabs, r] > 0) & (occ[tabs, q] > 0)
+        if ctx.host_of[q] != ctx.host_of[r]:
+            both |= lay.host_bound[cand]
+        items = cand[~both]
+        if items.size < 2:
+            continue
+        fixed_r = Lr - cost[items[lay.rank[items] == r]].sum()
+        fixed_q = load[q] - cost[items[lay.rank[items] == q]].sum()
+        to_r = _ldm_two_way(cost[items], fixed_r, fixed_q)
+        new_r = fixed_r + cost[items][to_r].sum()
+        new_q = fixed_q + cost[items][~to_r].sum()
+        if max(new_r, new_q) >= Lr - tol:
+            continue
+        dest = np.where(to_r, r, q)
+        moving = items[lay.rank[items] != dest]
+        dn = np.zeros((3,))
+        dq = np.zeros((3,))
+        for s in moving:
+            if lay.rank[s] == r:
+                dn += lay.need[s]
+                dq -= lay.need[s]
+            else:
+                dn -= lay.need[s]
+                dq += lay.need[s]
+        if (free[:, r] + dn < -1e-6).any() or (free[:, q] + dq < -1e-6).any():
+            continue
+        for s in moving:
+            _move(lay, int(s), int(dest[np.flatnonzero(items == s)[0]]), load, free, occ)
+        return True
+    return False
+
+
+def _ldm_two_way(values: np.ndarray, fixed_a: float, fixed_b: float) -> np.ndarray:
+    """Largest differencing (Karmarkar-Karp) 2-way partition with two fixed loads that must end on
+    different sides. Returns a bool array: True = on the side of ``fixed_a``."""
+    heap: list[tuple[float, int, list[int], list[int]]] = []
+    d = fixed_a - fixed_b
+    heap.append((-abs(d), -1, [-1] if d >= 0 else [-2], [-2] if d >= 0 else [-1]))
+    for i in np.lexsort((np.arange(len(values)), -values)):
+        heap.append((-float(values[i]), int(i), [int(i)], []))
+    heapq.heapify(heap)
+    counter = len(values)
+    while len(heap) > 1:
+        d1, _, a1, b1 = heapq.heappop(heap)
+        d2, _, a2, b2 = heapq.heappop(heap)
+        counter += 1
+        heapq.heappush(heap, (d1 - d2, counter, a1 + b2, b1 + a2))
+    _, _, a, b = heap[0]
+    side_a = a if -1 in a else b
+    out = np.zeros(len(values), dtype=bool)
+    out[[i for i in side_a if i >= 0]] = True
+    return out

@@ -1,0 +1,172 @@
+"""The shards of a proposal (``Layout``) and a placed plan's per-rank totals (``Solution``).
+
+In: the ``PlanContext``, the option chosen per table (``proposals.select``), and the tables' tiers
+and cache fractions.
+Out: ``build_layout`` -> ``Layout``: every non-replicated shard as arrays (geometry, tier, cache,
+cost, bytes per tier), ranks unset (-1); ``summarize`` -> ``Solution``: a placed layout with the
+data-parallel tables, per-rank cost and memory, free bytes and shards per (table, rank);
+``better(a, b)``: the ordering of solutions every stage uses (lower maximum, then evener).
+``cost_shards`` re-costs shards in place after a stage changed their tier or cache (placement
+works on its own copy of a layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from .context import PlanContext
+from .cost import CW, DP, RW, TWCW, TWRW, column_splits, row_blocks
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Every non-replicated shard, as arrays; the shards of one table are contiguous."""
+
+    table: np.ndarray
+    kind: np.ndarray
+    row_off: np.ndarray
+    row_len: np.ndarray
+    col_off: np.ndarray
+    col_len: np.ndarray
+    k: np.ndarray
+    tier: np.ndarray
+    cache: np.ndarray
+    compute: np.ndarray
+    comms: np.ndarray
+    need: np.ndarray  # (S, 3) bytes per tier
+    storage: np.ndarray  # weights + optimizer state, in the shard's tier
+    extra: np.ndarray  # cache + I/O buffers, in the compute tier
+    host_bound: np.ndarray  # bool: all shards of the table stay in one host
+    rank: np.ndarray
+    groups: list[tuple[int, int, int]]  # (table, start, end)
+
+    @property
+    def cost(self) -> np.ndarray:
+        return self.compute + self.comms
+
+    def copy(self) -> Layout:
+        """A copy whose arrays a stage may change without touching this one."""
+        return Layout(**{f.name: (getattr(self, f.name).copy() if f.name != "groups"
+                                  else self.groups) for f in fields(self)})
+
+
+@dataclass(frozen=True, eq=False)
+class Solution:
+    layout: Layout
+    dp_tables: np.ndarray  # table indices replicated on every rank
+    dp_compute: np.ndarray  # per DP table, per rank seconds
+    dp_comms: np.ndarray
+    dp_need: np.ndarray  # (n_dp, 3)
+    dp_storage: np.ndarray
+    dp_tier: int
+    kinds: np.ndarray  # sharding type per table
+    cache_fraction: float
+    compute: np.ndarray  # per rank
+    comms: np.ndarray
+    memory: np.ndarray  # (3, W)
+    free: np.ndarray  # (3, W) usable bytes left per tier and rank
+    occ: np.ndarray  # (tables, W) shards of each table on each rank
+
+    @property
+    def load(self) -> np.ndarray:
+        return self.compute + self.comms
+
+
+def build_layout(ctx: PlanContext, choice: np.ndarray, tier: np.ndarray,
+                 cache: np.ndarray) -> Layout:
+    t, g, opts = ctx.tables, ctx.grid, ctx.opts
+    cols = {k: [] for k in ("table", "kind", "ro", "rl", "co", "cl", "k")}
+    groups = []
+    start = 0
+    for i in range(ctx.n):
+        j = int(choice[i])
+        kind = int(g.kind[j])
+        if kind == DP:
+            continue
+        k = int(g.k[j])
+        N, D = int(t.N[i]), int(t.D[i])
+        if kind in (RW, TWRW):
+            geo = [(ro, rl, 0, D) for ro, rl in row_blocks(N, k)]
+        elif kind in (CW, TWCW):
+            widths = column_splits(D, k, opts.column_granularity)
+            offs = np.concatenate([[0], np.cumsum(widths)[:-1]])
+            geo = [(0, N, int(o), int(w)) for o, w in zip(offs, widths)]
+        else:
+            geo = [(0, N, 0, D)]
+        for ro, rl, co, cl in geo:
+            cols["table"].append(i)
+            cols["kind"].append(kind)
+            cols["ro"].append(ro)
+            cols["rl"].append(rl)
+            cols["co"].append(co)
+            cols["cl"].append(cl)
+            cols["k"].append(k)
+        groups.append((i, start, start + len(geo)))
+        start += len(geo)
+    arr = {k: np.array(v, dtype=np.int64) for k, v in cols.items()}
+    S = start
+    lay = Layout(
+        table=arr["table"], kind=arr["kind"], row_off=arr["ro"], row_len=arr["rl"],
+        col_off=arr["co"], col_len=arr["cl"], k=arr["k"],
+        tier=tier[arr["table"]] if S else np.zeros(0, dtype=np.int64),
+        cache=cache[arr["table"]] if S else np.zeros(0),
+        compute=np.zeros(S), comms=np.zeros(S), need=np.zeros((S, 3)),
+        storage=np.zeros(S), extra=np.zeros(S),
+        host_bound=np.isin(arr["kind"], (TWRW, TWCW)), rank=np.full(S, -1, dtype=np.int64),
+        groups=groups,
+    )
+    for kind in np.unique(lay.kind):
+        cost_shards(ctx, lay, np.flatnonzero(lay.kind == kind))
+    return lay
+
+
+def cost_shards(ctx: PlanContext, lay: Layout, idx: np.ndarray) -> None:
+    """(Re)compute the costs and bytes of shards ``idx`` (all of one kind) from their tier and
+    cache, in place."""
+    if idx.size == 0:
+        return
+    t = ctx.tables
+    kind = int(lay.kind[idx[0]])
+    tab = lay.table[idx]
+    sc = ctx.model.shards(kind, t.N[tab], t.L[tab], t.F[tab], lay.row_len[idx],
+                          lay.col_len[idx], lay.k[idx], lay.tier[idx], lay.cache[idx])
+    lay.compute[idx] = sc.compute
+    lay.comms[idx] = sc.comms
+    need = np.zeros((idx.size, 3))
+    need[np.arange(idx.size), lay.tier[idx]] += sc.storage
+    need[:, ctx.ct] += sc.cache + sc.io
+    lay.need[idx] = need
+    lay.storage[idx] = sc.storage
+    lay.extra[idx] = sc.cache + sc.io
+
+
+def summarize(ctx: PlanContext, lay: Layout, dp_idx: np.ndarray, dp_compute: np.ndarray,
+              dp_comms: np.ndarray, dp_need: np.ndarray, dp_storage: np.ndarray,
+              cache_fraction: float, free: np.ndarray, occ: np.ndarray) -> Solution:
+    """The ``Solution`` of a placed layout (every ``lay.rank`` set) and the replicated tables."""
+    W = ctx.W
+    compute = np.bincount(lay.rank, weights=lay.compute, minlength=W) + dp_compute.sum()
+    comms = np.bincount(lay.rank, weights=lay.comms, minlength=W) + dp_comms.sum()
+    memory = np.zeros((3, W))
+    for tt in range(3):
+        memory[tt] = np.bincount(lay.rank, weights=lay.need[:, tt], minlength=W)
+    memory += dp_need.sum(axis=0)[:, None]
+    kinds = np.full(ctx.n, DP, dtype=np.int64)
+    for tab, s, _ in lay.groups:
+        kinds[tab] = lay.kind[s]
+    return Solution(layout=lay, dp_tables=dp_idx, dp_compute=dp_compute, dp_comms=dp_comms,
+                    dp_need=dp_need, dp_storage=dp_storage, dp_tier=ctx.ct, kinds=kinds,
+                    cache_fraction=cache_fraction, compute=compute, comms=comms, memory=memory,
+                    free=free, occ=occ)
+
+
+def better(a: Solution, b: Solution, rel: float = 1e-9) -> bool:
+    """``a`` has a lower maximum rank cost than ``b``, or the same maximum and less spread."""
+    ma, mb = a.load.max(), b.load.max()
+    if ma < mb * (1 - rel):
+        return True
+    if ma > mb * (1 + rel):
+        return False
+    return ma / max(a.load.mean(), 1e-300) < mb / max(b.load.mean(), 1e-300) * (1 - rel)
