@@ -8,7 +8,7 @@ from typing import Literal
 from recscale.comm import CommsConfig
 from recscale.config import Validated, check, check_choice
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
-from recscale.embedding.tiered import TierConfig
+from recscale.embedding.tier_config import TierConfig
 from recscale.train.checkpoint import CheckpointConfig
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")

@@ -30,13 +30,13 @@ from recscale.config import parse
 from recscale.data.batch import Batch
 from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.data.loader import LoaderConfig, empty_columns, make_loader, rank_row_counts, to_batch
+from recscale.embedding.api import TableShard
+from recscale.embedding.placement import merge_tier_stats
 from recscale.embedding.sharded import ShardedEmbeddingCollection
-from recscale.embedding.tiered import merge_tier_stats
 from recscale.model.dlrm import DLRM, ModelConfig
 from recscale.sharding import ShardingPlan
 from recscale.train.checkpoint import (
     Checkpointer,
-    LocalShard,
     dense_tensors,
     flush_tiers,
     model_fingerprint,
@@ -145,16 +145,10 @@ def _empty_batch() -> Batch:
     return to_batch(empty_columns())
 
 
-def embedding_shards(emb: ShardedEmbeddingCollection, replicated: bool = True) -> list[LocalShard]:
+def embedding_shards(emb: ShardedEmbeddingCollection, replicated: bool = True) -> list[TableShard]:
     """This rank's pieces of every table, for checkpoints: its shards, and (when ``replicated``)
     the data-parallel tables, which every rank holds whole."""
-    out = [LocalShard(t, s.row_offset, s.col_offset, w, list(st))
-           for t, s, w, st in emb.local_shards()]
-    if replicated and emb.dp is not None:
-        states = emb.dp.split_optimizer_states() or [[] for _ in emb.dp_tables]
-        out += [LocalShard(t, 0, 0, w, list(st))
-                for t, w, st in zip(emb.dp_tables, emb.dp.split_weights(), states)]
-    return out
+    return emb.shards(replicated)
 
 
 def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -170,7 +164,7 @@ def train_sharded(ctx: WorkerContext, manifest: dict, model_cfg: ModelConfig, tr
     loader_cfg = LoaderConfig(batch_size=train_cfg.batch_size, rank=ctx.rank,
                               world_size=ctx.world_size, reader_workers=train_cfg.reader_workers,
                               prefetch=train_cfg.prefetch, pin_memory=ctx.device.type == "cuda")
-    res = RankResult(rank=ctx.rank, embedding_bytes=model.embeddings.embedding_bytes())
+    res = RankResult(rank=ctx.rank, embedding_bytes=model.embeddings.memory_bytes()["fast"])
     tier = plan.topology.compute_tier
     res.planned_bytes = float(plan.ranks[ctx.rank].memory(tier))
     emb = model.embeddings

@@ -22,7 +22,7 @@ _KEYS = {"topology", "world_size", "local_world_size", "options"}
 def _with_ram_budget(topo: Topology, tiers_params: dict | None) -> Topology:
     """``train.tiers.ram_budget_bytes``: each rank gets that much RAM for embeddings and an SSD
     tier (the free space of ``train.tiers.scratch_dir``), so larger tables are planned onto SSD."""
-    from recscale.embedding.tiered import TierConfig
+    from recscale.embedding.tier_config import TierConfig
 
     tiers = parse(TierConfig, tiers_params or {}, "train.tiers")
     if tiers.ram_budget_bytes is None:
