@@ -25,8 +25,12 @@ import numpy as np
 import torch
 
 from recscale.data.batch import Batch, SparseFeatures
-from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags
-from recscale.embedding.tiered import TierConfig, TieredEmbeddingBags
+from recscale.embedding import (
+    EmbeddingOptimizerConfig,
+    FusedEmbeddingBags,
+    TierConfig,
+    TieredEmbeddingBags,
+)
 from recscale.model import DLRM, ModelConfig
 from recscale.train import TrainStep
 from recscale.train.config import DenseOptimizerConfig
@@ -82,19 +86,17 @@ class Runner:
         self.i = 0
 
     def run(self, batches, steps, timed=True):
-        prefetch = getattr(self.emb, "prefetch", None)
-        s0 = self.emb.tier_stats() if hasattr(self.emb, "tier_stats") else None
+        s0 = self.emb.tier_stats()  # {} in memory
         t0 = time.perf_counter()
         for _ in range(steps):
             b = batches[self.i % len(batches)]
-            if prefetch is not None:
-                prefetch(batches[(self.i + 1) % len(batches)].sparse)
+            self.emb.prefetch(batches[(self.i + 1) % len(batches)].sparse)
             float(self.step(b))
             self.i += 1
         dt = time.perf_counter() - t0
         if timed:
             self.samples_per_s.append(steps * batches[0].batch_size / dt)
-            if s0 is not None:
+            if s0:
                 s1 = self.emb.tier_stats()
                 self.hits += s1["hits"] - s0["hits"]
                 self.lookups += s1["lookups"] - s0["lookups"]
@@ -117,13 +119,13 @@ def report(runners, args, what, seconds):
           + "; ".join(f"{r.name} {getattr(r.emb, 'cache_rows', [args.rows])[0] / args.rows:.2f}: "
                       f"{min(r.samples_per_s):,.0f}-{max(r.samples_per_s):,.0f}" for r in runners))
     for r in runners:
-        if hasattr(r.emb, "close"):
-            s = r.emb.tier_stats()
+        s = r.emb.tier_stats()
+        if s:
             print(f"  {r.name} {r.emb.cache_rows[0] / args.rows:.2f}: background prefetch "
                   f"{s['prefetch_seconds']:.2f} s, forward waited for it "
                   f"{s['prefetch_wait_seconds']:.2f} s, loading in forward {s['load_seconds']:.2f} s; "
                   f"rows read {s['rows_read']:,}, written back {s['rows_written']:,}")
-            r.emb.close()
+        r.emb.close()
     sys.stdout.flush()
 
 
@@ -156,7 +158,7 @@ def main(argv=None):
 
     def tiered(tier, load, policy="lru", prefetch=True):
         return TieredEmbeddingBags(rows, dims, opt, config=TierConfig(
-            tier=tier, cache_load_factor=load, policy=policy, prefetch=prefetch,
+            tier=tier, cache_fraction=load, policy=policy, prefetch=prefetch,
             scratch_dir=scratch, min_cache_rows=1))
 
     t0 = time.perf_counter()

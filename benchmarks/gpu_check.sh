@@ -67,7 +67,7 @@ for name in ("exact_rowwise_adagrad", "exact_sgd"):
           f"{(time.perf_counter()-t0)/50*1e3:.3f} ms/step")
 PY
 
-if "$PY" -c 'import recscale.embedding.tiered' 2>/dev/null && [ -f benchmarks/gpu_tiered_check.py ]; then
+if "$PY" -c 'import recscale.embedding.cache' 2>/dev/null && [ -f benchmarks/gpu_tiered_check.py ]; then
   step "3. tiered embeddings on CUDA (MANAGED_CACHING)" 180 "$PY" benchmarks/gpu_tiered_check.py
 else
   echo; echo "== 3. tiered embeddings: not in this checkout, skipped"

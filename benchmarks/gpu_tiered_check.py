@@ -6,16 +6,21 @@ import tempfile
 import torch
 
 from recscale.data.batch import SparseFeatures
-from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags
-from recscale.embedding.tiered import TierConfig, TieredEmbeddingBags, managed_caching_bags
+from recscale.embedding import (
+    EmbeddingOptimizerConfig,
+    FusedEmbeddingBags,
+    TierConfig,
+    TieredEmbeddingBags,
+    managed_caching_bags,
+)
 
 rows, dims = [200_000] * 4, [64] * 4
 opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.1)
 cpu = FusedEmbeddingBags(rows, dims, opt, device="cpu", seed=1)
-managed = managed_caching_bags(rows, dims, opt, cache_load_factor=0.1, device="cuda",
+managed = managed_caching_bags(rows, dims, opt, cache_fraction=0.1, device="cuda",
                                initial_weights=[w.detach().clone() for w in cpu.split_weights()])
 ssd = TieredEmbeddingBags(rows, dims, opt, device="cuda", seed=1, config=TierConfig(
-    tier="ssd", cache_load_factor=0.1, scratch_dir=tempfile.mkdtemp()))
+    tier="ssd", cache_fraction=0.1, scratch_dir=tempfile.mkdtemp()))
 g = torch.Generator().manual_seed(0)
 B = 4096
 for _step in range(5):

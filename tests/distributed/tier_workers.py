@@ -92,7 +92,7 @@ def tiered_parity_worker(optimizers: list[str], steps: list[list[dict]], scratch
                 stats = [None] * ctx.world_size
                 dist.all_gather_object(stats, emb.tier_stats())
                 mem = [None] * ctx.world_size
-                dist.all_gather_object(mem, emb.embedding_bytes())
+                dist.all_gather_object(mem, emb.memory_bytes()["fast"])
                 tables = emb.full_tables(dst=0)
                 if ctx.rank == 0:
                     out[(opt, tiered)] = {
@@ -103,8 +103,7 @@ def tiered_parity_worker(optimizers: list[str], steps: list[list[dict]], scratch
                         "stats": stats, "embedding_bytes": mem,
                         "local_kinds": type(emb.local).__name__,
                     }
-                if hasattr(emb.local, "close"):
-                    emb.local.close()
+                emb.close()
     finally:
         dist.destroy_process_group()
     return out

@@ -143,7 +143,7 @@ def memory_worker(plan_d: dict) -> dict:
         model = build_sharded_model(ctx, plan, parse(ModelConfig, {}, "model"),
                                     parse(TrainConfig, {}, "train"), CommStats(),
                                     feature_names=tuple(t.feature_names[0] for t in plan.tables))
-        return {"measured": model.embeddings.embedding_bytes(),
+        return {"measured": model.embeddings.memory_bytes()["fast"],
                 "planned": plan.ranks[ctx.rank].memory(plan.topology.compute_tier)}
     finally:
         dist.destroy_process_group()

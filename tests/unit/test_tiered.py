@@ -13,20 +13,23 @@ import torch
 
 from recscale.config import ConfigError, parse
 from recscale.data.batch import SparseFeatures
-from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
-from recscale.embedding.tbe import table_init_chunks
-from recscale.embedding.tiered import (
-    FAILPOINT_ENV,
+from recscale.embedding import (
     CacheTooSmallError,
+    EmbeddingCollection,
+    EmbeddingOptimizerConfig,
+    FusedEmbeddingBags,
     InitSlice,
     MultiTierEmbeddingBags,
     Placement,
     TierConfig,
     TieredEmbeddingBags,
     build_embedding_bags,
+    table_init,
 )
+from recscale.embedding.store import FAILPOINT_ENV
+from recscale.embedding.tbe import table_init_chunks
 
-ROWS = (2000, 1500, 3000)  # each table 10x its cache (cache_load_factor 0.1)
+ROWS = (2000, 1500, 3000)  # each table 10x its cache (cache_fraction 0.1)
 DIMS = (8, 16, 4)
 B = 64
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +56,7 @@ def train(module, batches, seed: int = 1, prefetch: bool = True) -> list[torch.T
     g = torch.Generator().manual_seed(seed)
     pooled = []
     for i, b in enumerate(batches):
-        if prefetch and i + 1 < len(batches) and hasattr(module, "prefetch"):
+        if prefetch and i + 1 < len(batches):
             module.prefetch(batches[i + 1])
         out = module(b)
         pooled.append(out.detach().clone())
@@ -72,7 +75,7 @@ def assert_tables_equal(a, b) -> None:
 
 
 def tiered(opt: str, tier: str = "ssd", policy: str = "lru", tmp=None, **kw) -> TieredEmbeddingBags:
-    cfg = TierConfig(tier=tier, cache_load_factor=0.1, policy=policy, min_cache_rows=1,
+    cfg = TierConfig(tier=tier, cache_fraction=0.1, policy=policy, min_cache_rows=1,
                      scratch_dir=str(tmp or ""), **kw)
     return TieredEmbeddingBags(ROWS, DIMS, EmbeddingOptimizerConfig(opt, 0.3), seed=4, config=cfg)
 
@@ -100,7 +103,7 @@ def test_exact_adagrad_and_no_prefetch_are_bitwise_too(tmp_path):
     opt = EmbeddingOptimizerConfig("exact_adagrad", 0.3)
     ref = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
     m = TieredEmbeddingBags(ROWS, DIMS, opt, seed=4, config=TierConfig(
-        tier="ssd", cache_load_factor=0.1, min_cache_rows=1, prefetch=False,
+        tier="ssd", cache_fraction=0.1, min_cache_rows=1, prefetch=False,
         scratch_dir=str(tmp_path)))
     batches = zipf_batches(10, seed=5)
     train(ref, batches)
@@ -123,7 +126,7 @@ def test_init_blocks_equal_table_init_and_shard_slices():
 def test_lru_evicts_the_least_recently_used_and_lfu_the_least_frequent():
     def run(policy):
         m = TieredEmbeddingBags([100], [4], EmbeddingOptimizerConfig("exact_sgd", 0.1),
-                                config=TierConfig(tier="ddr", cache_load_factor=0.04,
+                                config=TierConfig(tier="ddr", cache_fraction=0.04,
                                                   min_cache_rows=1, policy=policy))
         assert m.cache_rows == (4,)
         for ids in ([0, 1, 2, 3], [1, 1], [1], [2], [3], [0], [4]):
@@ -138,7 +141,7 @@ def test_lru_evicts_the_least_recently_used_and_lfu_the_least_frequent():
 
 def test_a_batch_wider_than_the_cache_fails_naming_table_ids_and_cache_rows():
     m = TieredEmbeddingBags([1000, 50], [4, 4], EmbeddingOptimizerConfig("exact_sgd", 0.1),
-                            config=TierConfig(tier="ddr", cache_load_factor=0.01,
+                            config=TierConfig(tier="ddr", cache_fraction=0.01,
                                               min_cache_rows=1))
     sp = SparseFeatures(("a", "b"), torch.cat([torch.arange(11), torch.tensor([1])]),
                         torch.tensor([[11], [1]]))
@@ -151,8 +154,11 @@ def test_a_batch_wider_than_the_cache_fails_naming_table_ids_and_cache_rows():
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"train.tiers.policy='fifo'.*'lru', 'lfu'"):
         parse(TierConfig, {"policy": "fifo"}, "train.tiers")
-    with pytest.raises(ConfigError, match=r"train.tiers.cache_load_factor=1.5.*\(0, 1\]"):
-        parse(TierConfig, {"cache_load_factor": 1.5}, "train.tiers")
+    with pytest.raises(ConfigError, match=r"train.tiers.cache_fraction=1.5.*\(0, 1\]"):
+        parse(TierConfig, {"cache_fraction": 1.5}, "train.tiers")
+    with pytest.raises(ConfigError, match=r"train.tiers.cache_load_factor is not allowed: it is "
+                                          r"now train.tiers.cache_fraction"):
+        parse(TierConfig, {"cache_load_factor": 0.1}, "train.tiers")
     with pytest.raises(ConfigError, match=r"train.tiers.ram_budget_bytes=-1"):
         parse(TierConfig, {"ram_budget_bytes": -1}, "train.tiers")
     with pytest.raises(ConfigError, match=r"unknown key train.tiers.cache"):
@@ -211,8 +217,89 @@ def test_mixed_placements_in_one_module_are_bitwise(tmp_path):
     m.close()
 
 
+# --- the EmbeddingCollection interface ----------------------------------------------------------
+def _one_rank_sharded(opt: EmbeddingOptimizerConfig):
+    from recscale.embedding.sharded import ShardedEmbeddingCollection
+    from recscale.sharding import TableSpec, Topology, plan_sharding
+
+    names = tuple(f"f{t}" for t in range(len(ROWS)))
+    plan = plan_sharding([TableSpec(f"t{t}", r, d, feature_names=(names[t],))
+                          for t, (r, d) in enumerate(zip(ROWS, DIMS))],
+                         Topology.preset("cpu-local", world_size=1), B)
+    return ShardedEmbeddingCollection(plan, names, opt, rank=0, world_size=1, seed=4)
+
+
+def test_every_collection_implements_the_embedding_collection_protocol(tmp_path):
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    cfg = TierConfig(min_cache_rows=1, scratch_dir=str(tmp_path))
+    fused = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
+    tiered_ddr = tiered("exact_rowwise_adagrad", "ddr")
+    multi = build_embedding_bags(ROWS, DIMS, opt, [Placement("ssd", 0.1), Placement("memory"),
+                                                   Placement("ddr", 0.2)], cfg, seed=4)
+    sharded = _one_rank_sharded(opt)
+    for m in (fused, tiered_ddr, multi, sharded):
+        assert isinstance(m, EmbeddingCollection), type(m).__name__
+        assert m.output_dim == sum(DIMS)
+        assert m.memory_bytes()["fast"] > 0
+    assert not isinstance(torch.nn.Linear(2, 2), EmbeddingCollection)
+    sp = zipf_batches(1, seed=1)[0]
+    for m in (fused, tiered_ddr, multi):  # one process: nothing to distribute
+        assert m.start(sp) is sp
+        assert torch.equal(m.lookup(sp), m(sp))
+    assert fused.tier_stats() == {} and sharded.tier_stats() == {}
+    assert tiered_ddr.tier_stats()["lookups"] > 0 and multi.tier_stats()["lookups"] > 0
+    assert set(multi.memory_bytes()) == {"fast", "ssd", "ddr"}
+    # one rank of a sharded collection: whole tables as its shards, the same keys
+    assert [s.key for s in sharded.shards()] == [s.key for s in fused.shards()]
+    for m in (fused, tiered_ddr, multi, sharded):
+        m.flush()
+        m.close()
+
+
+@pytest.mark.parametrize("kind", ["fused", "ddr", "ssd", "mixed"])
+def test_shards_are_views_that_restore_a_single_process_module(kind, tmp_path):
+    """Copy the shards out, change the tables through the views, copy the saved values back:
+    lookups follow each change, and training on equals a module that was never touched."""
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    ref = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
+    if kind == "fused":
+        m = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
+    elif kind == "mixed":
+        m = build_embedding_bags(ROWS, DIMS, opt, [Placement("ssd", 0.1), Placement("memory"),
+                                                   Placement("ddr", 0.1)],
+                                 TierConfig(min_cache_rows=1, scratch_dir=str(tmp_path)), seed=4)
+    else:
+        m = tiered("exact_rowwise_adagrad", kind, tmp=tmp_path)
+    batches = zipf_batches(8, seed=7)
+    train(ref, batches[:3])
+    train(m, batches[:3])  # a warm, dirty cache
+    shards = m.shards()
+    assert [(s.table, s.row_offset, s.col_offset) for s in shards] == [(t, 0, 0) for t in range(3)]
+    assert [s.key for s in shards] == [f"emb.t{t}.r0.c0" for t in range(3)]
+    assert [tuple(s.weight.shape) for s in shards] == list(zip(ROWS, DIMS))
+    assert [[tuple(x.shape) for x in s.states] for s in shards] == [[(r,)] for r in ROWS]
+    saved = [(s.weight.clone(), [x.clone() for x in s.states]) for s in shards]
+    probe = batches[3]
+    with torch.no_grad():
+        before = m.lookup(m.start(probe)).clone()
+        for s in m.shards():
+            s.weight.mul_(2)
+            s.states[0].add_(1)
+        m.flush()
+        assert torch.equal(m.lookup(m.start(probe)), 2 * before)
+        for s, (w, st) in zip(m.shards(), saved):
+            s.weight.copy_(w)
+            s.states[0].copy_(st[0])
+        m.flush()
+        assert torch.equal(m.lookup(m.start(probe)), before)
+    train(ref, batches[3:], seed=5)
+    train(m, batches[3:], seed=5)
+    assert_tables_equal(ref, m)
+    m.close()
+
+
 # --- crash safety ------------------------------------------------------------------------------
-CRASH_CFG = dict(tier="ssd", cache_load_factor=0.1, min_cache_rows=1, prefetch=False)
+CRASH_CFG = dict(tier="ssd", cache_fraction=0.1, min_cache_rows=1, prefetch=False)
 
 
 def _crash_module(store_dir: str, resume: bool = False) -> TieredEmbeddingBags:
@@ -375,7 +462,7 @@ def test_a_prefetch_that_does_not_fit_is_skipped_and_the_batch_still_trains():
             batches.append(SparseFeatures(("a",), ids, torch.ones(1, ids.numel(), dtype=torch.int64)))
     ref = FusedEmbeddingBags([2000], [8], opt, seed=1)
     m = TieredEmbeddingBags([2000], [8], opt, seed=1, config=TierConfig(
-        tier="ddr", cache_load_factor=0.1, min_cache_rows=1))
+        tier="ddr", cache_fraction=0.1, min_cache_rows=1))
     for a, b in zip(train(ref, batches), train(m, batches)):
         assert torch.equal(a, b)
     assert m.tier_stats()["prefetch_skipped"] > 0 and m.tier_stats()["evictions"] > 0

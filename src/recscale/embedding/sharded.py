@@ -26,7 +26,6 @@ row-wise Adagrad state, which an all-reduce of per-replica updates would not rep
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -37,152 +36,34 @@ from recscale.comm.codecs import get_codec
 from recscale.comm.collectives import (
     CommStats,
     OutputExchange,
-    PendingAllToAll,
-    _encoded_a2a,
-    all_to_all_1d,
     all_to_all_1d_async,
     exchange_counts,
 )
 from recscale.data.batch import SparseFeatures
-from recscale.embedding.tbe import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
-from recscale.embedding.tiered import (
-    InitSlice,
-    TierConfig,
-    build_embedding_bags,
-    merge_tier_stats,
-    placement_for,
-    tier_stats_of,
+from recscale.embedding.api import TableShard
+from recscale.embedding.input_dist import InputDist, arrange_received
+from recscale.embedding.placement import build_embedding_bags, placement_for
+from recscale.embedding.sharded_autograd import (
+    ColumnShardRowwiseAdagrad,
+    GradScale,
+    OwnRowsGatherGrad,
 )
+from recscale.embedding.tbe import (
+    EmbeddingOptimizerConfig,
+    FusedEmbeddingBags,
+    InitSlice,
+    table_init,
+)
+from recscale.embedding.tier_config import TierConfig
 from recscale.sharding import ShardingPlan
 
 ROW_TYPES = ("row_wise", "table_row_wise")
 
 
-def _bag_order(k: int, batch_sizes: Sequence[int]) -> torch.Tensor:
-    """Bags arrive source-major ([source][feature][sample]); the TBE wants feature-major over the
-    concatenated batch ([feature][source][sample]). -> index of the incoming bag for each slot."""
-    parts, off = [], 0
-    for b in batch_sizes:
-        parts.append(off + torch.arange(k).unsqueeze(1) * b + torch.arange(b).unsqueeze(0))
-        off += k * b
-    if not parts:
-        return torch.zeros(0, dtype=torch.int64)
-    return torch.cat(parts, dim=1).reshape(-1)
-
-
-class _OwnRowsGatherGrad(torch.autograd.Function):
-    """Forward: this rank's rows of a replicated global output. Backward: all ranks' gradients are
-    gathered into the global gradient, so every replica sees the same full-batch gradient."""
-
-    @staticmethod
-    def forward(ctx, full, start, batch_sizes, rank, group, stats, codec, scale):
-        ctx.args = (batch_sizes, rank, group, stats, full.shape[1], codec, scale)
-        return full[start: start + batch_sizes[rank]]
-
-    @staticmethod
-    def backward(ctx, grad):
-        batch_sizes, rank, group, stats, w, codec, scale = ctx.args
-        world = len(batch_sizes)
-        flat = grad.contiguous().reshape(-1).repeat(world)
-        g = _encoded_a2a(flat, [(batch_sizes[rank], w)] * world, [(b, w) for b in batch_sizes],
-                         codec, group, stats, "dp_output_grad", scale)
-        return g.view(-1, w), None, None, None, None, None, None, None
-
-
-class _ColumnShardRowwiseAdagrad(torch.autograd.Function):
-    """Lookups of this rank's column shards (sum pooling); the backward applies row-wise Adagrad
-    with the row state of the whole table: per-row sums of squared gradients of every column
-    shard are exchanged among the table's holders in one all-to-all (every rank takes part, so
-    the collective order is the same on all ranks)."""
-
-    @staticmethod
-    def forward(ctx, anchor, coll, lengths, values):
-        bg = lengths.shape[1] if lengths.dim() == 2 else 0
-        off = torch.cat([lengths.new_zeros(1), lengths.reshape(-1).cumsum(0)])
-        outs, saved = [], []
-        for j, w in enumerate(coll.cw_weights):
-            a, b = int(off[j * bg]), int(off[(j + 1) * bg])
-            ids = values[a:b]
-            bag = torch.repeat_interleave(torch.arange(bg, device=ids.device), lengths[j])
-            outs.append(torch.zeros(bg, w.shape[1], device=w.device).index_add_(0, bag, w[ids]))
-            saved.append((ids, bag))
-        ctx.coll, ctx.saved = coll, saved
-        if not outs:
-            return anchor.new_zeros(bg, 0)
-        return torch.cat(outs, dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        coll = ctx.coll
-        mine = coll.routes[coll.rank]
-        widths = [w.shape[1] for w in coll.cw_weights]
-        grads = grad.split(widths, dim=1) if widths else []
-        per_table: dict[int, list] = {}
-        for j, (g, (ids, bag)) in enumerate(zip(grads, ctx.saved)):
-            t = mine[coll._cw_pos[j]][0]
-            uniq, inv = torch.unique(ids, return_inverse=True)
-            rows = torch.zeros(len(uniq), g.shape[1], device=g.device).index_add_(0, inv, g[bag])
-            per_table.setdefault(t, []).append((j, uniq, rows))
-        partial = {t: sum((r * r).sum(1) for _, _, r in lst) for t, lst in per_table.items()}
-        # exchange partial sums with the other holders of each table (same ids, same order)
-        send, send_n, recv_n = [], [], []
-        for d in range(coll.world):
-            shared = [t for t in coll.cw_tables if coll.rank in coll.cw_holders[t]
-                      and d in coll.cw_holders[t] and d != coll.rank]
-            pieces = [partial[t] for t in shared]
-            send.extend(pieces)
-            send_n.append(sum(p.numel() for p in pieces))
-            recv_n.append(send_n[-1])  # a table's holders see the same unique ids
-        flat = torch.cat(send) if send else grad.new_zeros(0)
-        got = all_to_all_1d(flat, send_n, recv_n, coll.group, coll.stats, "cw_row_state")
-        off = 0
-        for d in range(coll.world):
-            for t in coll.cw_tables:
-                if coll.rank in coll.cw_holders[t] and d in coll.cw_holders[t] and d != coll.rank:
-                    n = partial[t].numel()
-                    partial[t] = partial[t] + got[off: off + n]
-                    off += n
-        lr, eps = coll.optimizer.learning_rate, coll.optimizer.eps
-        with torch.no_grad():
-            for t, lst in per_table.items():
-                uniq = lst[0][1]
-                state = coll.cw_state[t]
-                state[uniq] += partial[t] / coll.dims[t]
-                scale = lr / (state[uniq].sqrt() + eps)
-                for j, _, rows in lst:
-                    coll.cw_weights[j][uniq] -= scale.unsqueeze(1) * rows
-        return torch.zeros_like(ctx.coll._anchor), None, None, None
-
-
-class _GradScale(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.scale, None
-
-
-@dataclass
-class InputDist:
-    """A batch whose input distribution has started: ids all-to-alls in flight."""
-
-    B: int
-    bs: list[int]
-    device: torch.device
-    sharded: PendingAllToAll | None = None
-    recv_l: list[int] = field(default_factory=list)
-    recv_v: list[int] = field(default_factory=list)
-    dp: PendingAllToAll | None = None
-    dp_recv_l: list[int] = field(default_factory=list)
-    dp_recv_v: list[int] = field(default_factory=list)
-    received: tuple | None = None  # (lengths, ids) for the local lookup, once waited for
-
-
 class ShardedEmbeddingCollection(nn.Module):
     """This rank's shards of every table of ``plan``; forward(local sparse) -> pooled [B, sum(D)].
+    An ``EmbeddingCollection``: ``start`` begins a batch's input distribution, ``lookup``
+    completes it (deferring the output exchange when ``overlap_output``).
 
     ``feature_names``: the order of the input features (one table per feature); the output columns
     follow it. Works for any mix of the six sharding types.
@@ -204,7 +85,7 @@ class ShardedEmbeddingCollection(nn.Module):
         tiers: TierConfig | None = None,
     ):
         """``tiers``: settings for shards the plan puts below the compute tier (DDR/SSD behind a
-        cache; see recscale.embedding.tiered)."""
+        cache; see recscale.embedding.placement)."""
         super().__init__()
         self.comms = comms or CommsConfig()
         self.fwd_codec = get_codec(self.comms.forward)
@@ -216,7 +97,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.output_grad_scale = output_grad_scale
         if plan.world_size != world_size:
             raise ValueError(f"the plan is for world_size={plan.world_size}, this run has {world_size}")
-        self.rank, self.world, self.group = rank, world_size, group
+        self.rank, self.world_size, self.group = rank, world_size, group
         self.stats = stats if stats is not None else CommStats()
         self.device = torch.device(device)
         by_feature = {}
@@ -300,6 +181,8 @@ class ShardedEmbeddingCollection(nn.Module):
         places = [placement_for(mine[i][1].tier, plan.topology.compute_tier,
                                 mine[i][1].cache_fraction, self.device.type, tiers)
                   for i in self._fused_pos]
+        # only a software cache over a slow tier does anything with the next batch's ids
+        self._prefetching = any(p.kind in ("ddr", "ssd") for p in places)
         if any(p.kind != "memory" for p in places):
             self.local = build_embedding_bags(
                 [mine[i][1].row_length for i in self._fused_pos],
@@ -355,7 +238,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def start(self, sparse: SparseFeatures) -> InputDist:
         """Input distribution up to the ids all-to-alls, which are left in flight."""
-        W = self.world
+        W = self.world_size
         lengths, values = sparse.lengths, sparse.values
         T, B = lengths.shape
         if T != self.num_tables:
@@ -425,28 +308,35 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.local is not None:
             parts.append(self.local(SparseFeatures(("",) * nf, sv[:cut], sl[:nf])))
         cw_l, cw_v = sl[nf:], sv[cut:]
-        parts.append(_ColumnShardRowwiseAdagrad.apply(self._anchor, self, cw_l, cw_v))
+        parts.append(ColumnShardRowwiseAdagrad.apply(self._anchor, self, cw_l, cw_v))
         both = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         return both.index_select(1, self._local_cols)
 
     def _received(self, pend: InputDist) -> tuple[torch.Tensor, torch.Tensor]:
         """Wait for a batch's ids and order them for the local lookup (once per batch)."""
         if pend.received is None:
-            rl, rv = self._split(pend.sharded.wait(), pend.recv_l, pend.recv_v)
-            order = _bag_order(self.k[self.rank], pend.bs).to(rl.device)
-            l2, v2, _ = torch.ops.fbgemm.permute_1D_sparse_data(order.to(torch.int32), rl, rv,
-                                                                 None, None)
-            pend.received = (l2, v2)
+            pend.received = arrange_received(pend.sharded.wait(), pend.recv_l, pend.recv_v,
+                                             self.k[self.rank], pend.bs)
         return pend.received
 
-    def prefetch(self, pend: InputDist) -> None:
+    def lookup(self, started: SparseFeatures | InputDist):
+        """Pooled embeddings [B, sum(D)] of a batch (or of what ``start`` returned); with
+        ``overlap_output``, a function that completes the output exchange (``finish_deferred``)
+        instead, called by the dense arch after the bottom MLP."""
+        pend = self.start(started) if isinstance(started, SparseFeatures) else started
+        if self.overlap_output:
+            return self.finish_deferred(pend)
+        return self.finish(pend)
+
+    def prefetch(self, started: SparseFeatures | InputDist) -> None:
         """Pipelining stage for shards on a slow tier: take the next batch's ids (waiting for its
         input all-to-all) and name them to the cache, which loads them while the current batch
-        computes. Nothing happens (no wait) when every local shard is in memory."""
-        if self.local is None or not hasattr(self.local, "prefetch") or pend.sharded is None:
+        computes. Nothing happens (no wait) when no local shard is on a slow tier, or for a
+        batch whose input distribution has not started (its ids are not routed yet)."""
+        if not self._prefetching or not isinstance(started, InputDist) or started.sharded is None:
             return
-        k, bg = self.k[self.rank], sum(pend.bs)
-        l2, v2 = self._received(pend)
+        k, bg = self.k[self.rank], sum(started.bs)
+        l2, v2 = self._received(started)
         lengths = l2.view(k, bg)
         if self.cw_tables:  # the fused module sees its own features only
             sl, sv, _ = torch.ops.fbgemm.permute_2D_sparse_data(self._local_split, lengths, v2,
@@ -457,21 +347,18 @@ class ShardedEmbeddingCollection(nn.Module):
 
     def flush(self) -> None:
         """Write every slow-tier shard's dirty cached rows back (before a checkpoint reads
-        ``local_shards()``; reading the views flushes too)."""
-        if self.local is not None and hasattr(self.local, "flush"):
+        ``shards()``; reading the views flushes too)."""
+        if self.local is not None:
             self.local.flush()
+
+    def close(self) -> None:
+        """Release the slow-tier shards' scratch files and prefetch thread."""
+        if self.local is not None:
+            self.local.close()
 
     def tier_stats(self) -> dict[str, float]:
         """Hit rate, rows/bytes read and written per slow tier, prefetch seconds ({} if none)."""
-        return merge_tier_stats([tier_stats_of(self.local)] if self.local is not None else [])
-
-    @staticmethod
-    def _split(recv: torch.Tensor, recv_l, recv_v) -> tuple[torch.Tensor, torch.Tensor]:
-        parts, off = [], 0
-        for a, b in zip(recv_l, recv_v):
-            parts.append((recv[off: off + a], recv[off + a: off + a + b]))
-            off += a + b
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return self.local.tier_stats() if self.local is not None else {}
 
     def finish(self, pend: InputDist) -> torch.Tensor:
         """Wait for the ids, look up, send pooled rows home, assemble."""
@@ -485,7 +372,6 @@ class ShardedEmbeddingCollection(nn.Module):
         me, B, bs = self.rank, pend.B, pend.bs
         self.last_batch_sizes = bs
         bg = sum(bs)
-        fb = torch.ops.fbgemm
         exchange = token = mine = None
         if pend.sharded is not None:
             k_me = self.k[me]
@@ -498,11 +384,9 @@ class ShardedEmbeddingCollection(nn.Module):
             token = exchange.start(pooled.reshape(-1))
         if pend.dp is not None:
             k_dp = len(self.dp_tables)
-            gl, gv = self._split(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v)
-            order = _bag_order(k_dp, bs).to(gl.device)
-            l2, v2, _ = fb.permute_1D_sparse_data(order.to(torch.int32), gl, gv, None, None)
+            l2, v2 = arrange_received(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v, k_dp, bs)
             full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))
-            mine = _OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats,
+            mine = OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats,
                                             self.bwd_codec, self.bwd_scale)
 
         def complete() -> torch.Tensor:
@@ -520,48 +404,49 @@ class ShardedEmbeddingCollection(nn.Module):
                     out = mine.new_zeros(B, self.output_dim)
                 out = out.index_add(1, self._dp_cols, mine)
             if self.output_grad_scale != 1.0:
-                out = _GradScale.apply(out, self.output_grad_scale)
+                out = GradScale.apply(out, self.output_grad_scale)
             return out
 
         return complete
 
     # ----------------------------------------------------------------------------------------
-    def local_shards(self) -> list[tuple[int, object, torch.Tensor, list[torch.Tensor]]]:
-        """(table index, shard, weights view, optimizer-state views) of every shard held here."""
+    def shards(self, replicated: bool = True) -> list[TableShard]:
+        """This rank's pieces of every table with weight and optimizer-state views (what a
+        checkpoint saves and restores into): its shards, and when ``replicated`` the
+        data-parallel tables, which every rank holds whole."""
         out = []
         mine = self.routes[self.rank]
         if self.local is not None:
-            states = self.local.split_optimizer_states() or [[]] * len(self._fused_pos)
-            for i, w, st in zip(self._fused_pos, self.local.split_weights(), states):
-                out.append((*mine[i], w, st))
+            for i, sh in zip(self._fused_pos, self.local.shards()):
+                t, s = mine[i]
+                out.append(TableShard(t, s.row_offset, s.col_offset, sh.weight, sh.states))
         for i, w in zip(self._cw_pos, self.cw_weights):
-            t = mine[i][0]
-            out.append((t, mine[i][1], w, [self.cw_state[t]]))
+            t, s = mine[i]
+            out.append(TableShard(t, s.row_offset, s.col_offset, w, [self.cw_state[t]]))
+        if replicated and self.dp is not None:
+            out += [TableShard(t, 0, 0, sh.weight, sh.states)
+                    for t, sh in zip(self.dp_tables, self.dp.shards())]
         return out
 
-    def embedding_bytes(self) -> int:
-        """Bytes of weights and optimizer state held by this rank's fbgemm modules."""
-        total = sum(w.numel() * w.element_size() for w in self.cw_weights)
-        total += sum(x.numel() * x.element_size() for x in self.cw_state.values())
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes per tier of this rank's weights and optimizer state: ``fast`` (the compute
+        tier, slow-tier shards' caches included) and each slow tier's shards."""
+        out = {"fast": sum(w.numel() * w.element_size() for w in self.cw_weights)
+               + sum(x.numel() * x.element_size() for x in self.cw_state.values())}
         for mod in (self.local, self.dp):
-            if mod is None:
-                continue
-            if hasattr(mod, "memory_bytes"):  # tiered: what the fast tier holds
-                total += mod.memory_bytes()["fast"]
-                continue
-            for name, p in list(mod.tbe.named_parameters()) + list(mod.tbe.named_buffers()):
-                if name.startswith(("weights_", "momentum")):
-                    total += p.numel() * p.element_size()
-        return total
+            if mod is not None:
+                for k, v in mod.memory_bytes().items():
+                    out[k] = out.get(k, 0) + v
+        return out
 
     def full_tables(self, dst: int = 0) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]] | None:
         """Assemble every table's full weights [rows, dim] and optimizer state on rank ``dst``
         (None elsewhere). Row-wise optimizer state of column shards: each shard keeps its own
         (see docs/architecture.md); the assembled table takes the first column shard's."""
-        mine = [(t, s.row_offset, s.col_offset, w.detach().cpu().clone(),
-                 [x.detach().cpu().clone() for x in st])
-                for t, s, w, st in self.local_shards()]
-        gathered = [None] * self.world if self.rank == dst else None
+        mine = [(sh.table, sh.row_offset, sh.col_offset, sh.weight.detach().cpu().clone(),
+                 [x.detach().cpu().clone() for x in sh.states])
+                for sh in self.shards(replicated=False)]
+        gathered = [None] * self.world_size if self.rank == dst else None
         dist.gather_object(mine, gathered, dst=dst, group=self.group)
         if self.rank != dst:
             return None
@@ -579,8 +464,7 @@ class ShardedEmbeddingCollection(nn.Module):
                     else:
                         states[t][i][r0: r0 + x.shape[0]] = x
         if self.dp is not None:
-            dp_states = self.dp.split_optimizer_states() or [[] for _ in self.dp_tables]
-            for t, w, st in zip(self.dp_tables, self.dp.split_weights(), dp_states):
-                tables[t] = w.detach().cpu().clone()
-                states[t] = [x.detach().cpu().clone() for x in st]
+            for t, sh in zip(self.dp_tables, self.dp.shards()):
+                tables[t] = sh.weight.detach().cpu().clone()
+                states[t] = [x.detach().cpu().clone() for x in sh.states]
         return tables, states

@@ -3,7 +3,7 @@
 All tables live in one fbgemm module: one kernel call looks up every feature of the batch, and the
 backward applies the embedding optimizer in place (no gradient tensor for the tables ever exists).
 Weights are initialised per table from (seed, table index), so a shard of a table can later be
-initialised to exactly the rows the unsharded table would hold.
+initialised to exactly the rows the unsharded table would hold (``InitSlice``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
     WeightDecayMode,
 )
-from torch import nn
 
 from recscale.config import Validated, check, check_choice
 from recscale.data.batch import SparseFeatures
+from recscale.embedding.api import LocalCollection
 
 # The fused optimizers fbgemm runs on the CPU (ADAM/LAMB are GPU-only in fbgemm 1.8).
 EMBEDDING_OPTIMIZERS = {
@@ -70,8 +70,38 @@ def table_init_chunks(seed: int, table: int, rows: int, dim: int,
         yield torch.empty(min(chunk_rows, rows - r0), dim).uniform_(-bound, bound, generator=g)
 
 
-class FusedEmbeddingBags(nn.Module):
-    """Sum-pooled embedding bags for several tables, one feature per table, fused optimizer."""
+@dataclass(frozen=True)
+class InitSlice:
+    """Initial weights of a table (or a shard of one): rows ``row_offset ..`` and columns
+    ``col_offset ..`` of ``table_init(seed, table, full_rows, full_dim)``."""
+
+    table: int
+    full_rows: int
+    full_dim: int
+    row_offset: int = 0
+    col_offset: int = 0
+
+    def materialize(self, seed: int, rows: int, dim: int) -> torch.Tensor:
+        full = table_init(seed, self.table, self.full_rows, self.full_dim)
+        return full[self.row_offset: self.row_offset + rows, self.col_offset: self.col_offset + dim]
+
+    def blocks(self, seed: int, rows: int, dim: int, chunk_rows: int = 16384):
+        """(first row of the shard, block) pieces, never the whole table in memory."""
+        lo, hi = self.row_offset, self.row_offset + rows
+        r = 0
+        for block in table_init_chunks(seed, self.table, self.full_rows, self.full_dim, chunk_rows):
+            a, b = max(lo, r), min(hi, r + block.shape[0])
+            if a < b:
+                yield a - lo, block[a - r: b - r, self.col_offset: self.col_offset + dim]
+            r += block.shape[0]
+            if r >= hi:
+                break
+
+
+class FusedEmbeddingBags(LocalCollection):
+    """Sum-pooled embedding bags for several tables, one feature per table, fused optimizer.
+    An ``EmbeddingCollection`` with every table in the compute tier (or, with
+    ``cache_fraction`` on CUDA, in host memory behind fbgemm's own cache)."""
 
     def __init__(
         self,
@@ -82,12 +112,12 @@ class FusedEmbeddingBags(nn.Module):
         seed: int = 0,
         table_ids: Sequence[int] | None = None,
         initial_weights: Sequence[torch.Tensor] | None = None,
-        cache_load_factor: float | None = None,
+        cache_fraction: float | None = None,
         cache_policy: str = "lru",
     ):
-        """``cache_load_factor`` (CUDA only): fbgemm's EmbeddingLocation.MANAGED_CACHING, the
+        """``cache_fraction`` (CUDA only): fbgemm's EmbeddingLocation.MANAGED_CACHING, the
         tables in host memory (UVM) behind an HBM cache of that share of the rows, ``cache_policy``
-        "lru" or "lfu". On the CPU use ``recscale.embedding.tiered.TieredEmbeddingBags``."""
+        "lru" or "lfu". On the CPU use ``recscale.embedding.cache.TieredEmbeddingBags``."""
         super().__init__()
         if len(rows) != len(dims) or not rows:
             raise ValueError(f"rows ({len(rows)}) and dims ({len(dims)}) must be equal, non-empty lists")
@@ -104,14 +134,14 @@ class FusedEmbeddingBags(nn.Module):
         location = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
         cache_kw = {}
-        if cache_load_factor is not None:
+        if cache_fraction is not None:
             check_choice("cache_policy", cache_policy, ("lru", "lfu"))
-            check(0 < cache_load_factor <= 1, "cache_load_factor", cache_load_factor, "in (0, 1]")
+            check(0 < cache_fraction <= 1, "cache_fraction", cache_fraction, "in (0, 1]")
             if not on_cuda:
-                raise ValueError(f"cache_load_factor={cache_load_factor!r} (fbgemm MANAGED_CACHING) "
+                raise ValueError(f"cache_fraction={cache_fraction!r} (fbgemm MANAGED_CACHING) "
                                  "needs a CUDA device; on the CPU use TieredEmbeddingBags")
             location = EmbeddingLocation.MANAGED_CACHING
-            cache_kw = {"cache_load_factor": float(cache_load_factor),
+            cache_kw = {"cache_load_factor": float(cache_fraction),  # fbgemm's name for it
                         "cache_algorithm": CacheAlgorithm.LFU if cache_policy == "lfu"
                         else CacheAlgorithm.LRU}
         self.managed_caching = location == EmbeddingLocation.MANAGED_CACHING
@@ -144,13 +174,22 @@ class FusedEmbeddingBags(nn.Module):
                 else:
                     w.copy_(table_init(seed, t, w.shape[0], w.shape[1]))
 
-    @property
-    def output_dim(self) -> int:
-        return sum(self.dims)
-
     def forward(self, sparse: SparseFeatures) -> torch.Tensor:
         """-> pooled embeddings [B, sum(dims)], table t in columns sum(dims[:t]) .. + dims[t]."""
         return self.tbe(sparse.values, sparse.offsets())
+
+    def flush(self) -> None:
+        """MANAGED_CACHING: write the HBM cache back to the host tables (else nothing to do)."""
+        if self.managed_caching:
+            self.tbe.flush()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """{"fast": bytes of fbgemm's weight and optimizer-state tensors}."""
+        total = 0
+        for name, p in list(self.tbe.named_parameters()) + list(self.tbe.named_buffers()):
+            if name.startswith(("weights_", "momentum")):
+                total += p.numel() * p.element_size()
+        return {"fast": total}
 
     def _sync_managed_cache(self) -> None:
         """MANAGED_CACHING: write the HBM cache back to the host tables and empty it, so the views

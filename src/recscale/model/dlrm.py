@@ -18,7 +18,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from recscale.config import Validated, check, check_choice
-from recscale.data.batch import SparseFeatures
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,8 @@ class DenseArch(nn.Module):
 
 
 class DLRM(nn.Module):
-    """Embeddings (any module mapping SparseFeatures -> [B, T * D]) + the dense arch.
+    """Embeddings (a ``recscale.embedding.EmbeddingCollection``: SparseFeatures -> [B, T * D])
+    + the dense arch.
 
     The dense arch is initialised from ``seed`` on its own, so a single-process and a sharded
     model built with the same seed start from the same dense weights.
@@ -142,14 +142,11 @@ class DLRM(nn.Module):
     def top(self) -> MLP:
         return self.dense.top
 
-    def forward(self, dense: torch.Tensor, sparse: SparseFeatures) -> torch.Tensor:
-        """-> click logits [B] (fp32). Sharded embeddings with ``overlap_output`` set hand the
-        dense arch a deferred lookup: their output all-to-all overlaps the bottom MLP."""
-        emb = self.embeddings
-        if getattr(emb, "overlap_output", False):
-            pend = emb.start(sparse) if isinstance(sparse, SparseFeatures) else sparse
-            return self.dense_arch(dense, emb.finish_deferred(pend))
-        return self.dense_arch(dense, emb(sparse))
+    def forward(self, dense: torch.Tensor, sparse) -> torch.Tensor:
+        """-> click logits [B] (fp32). ``sparse``: SparseFeatures, or what the embeddings'
+        ``start`` returned. A collection that overlaps its output exchange with the bottom MLP
+        (sharded, ``overlap_output``) hands the dense arch a deferred lookup."""
+        return self.dense_arch(dense, self.embeddings.lookup(sparse))
 
     def dense_parameters(self) -> Iterator[nn.Parameter]:
         """Parameters for the dense optimizer (the embeddings update themselves in backward)."""
@@ -167,13 +164,13 @@ def build_dlrm(
     tiers=None,
 ) -> DLRM:
     """Single-process DLRM with all tables in one fused fbgemm module. Same seed, same weights.
-    ``placements`` (``recscale.embedding.tiered.Placement`` per table, e.g. from a plan) put
+    ``placements`` (``recscale.embedding.Placement`` per table, e.g. from a plan) put
     tables on the DDR/SSD tiers behind a cache (``tiers``: TierConfig); training is unchanged."""
     from recscale.embedding import FusedEmbeddingBags
 
     dims = [cfg.embedding_dim] * len(table_sizes)
     if placements is not None and any(p.kind != "memory" for p in placements):
-        from recscale.embedding.tiered import build_embedding_bags
+        from recscale.embedding.placement import build_embedding_bags
 
         emb = build_embedding_bags(table_sizes, dims, embedding_optimizer, placements, tiers,
                                    device=device, seed=seed)

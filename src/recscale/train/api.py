@@ -104,7 +104,7 @@ def plan_for_run(manifest: dict, cfg: DLRMConfig) -> ShardingPlan:
 def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
     """One process: each table's placement from the plan (the tier and cache fraction of its
     shard), in ``feature_names`` order; None when every table is in the compute tier."""
-    from recscale.embedding.tiered import placement_for
+    from recscale.embedding.placement import placement_for
 
     if plan is None:
         return None

@@ -13,7 +13,7 @@ from recscale.data.preprocess import PreprocessConfig
 from recscale.data.source import DataConfig
 from recscale.distributed import LaunchConfig
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
-from recscale.embedding.tiered import TierConfig
+from recscale.embedding.tier_config import TierConfig
 from recscale.model.dlrm import ModelConfig
 from recscale.sharding import ShardingConfig
 from recscale.train.checkpoint import CheckpointConfig

@@ -22,7 +22,7 @@ from recscale.comm import CommsConfig
 from recscale.config import parse
 from recscale.data.loader import LoaderConfig, make_loader, rank_row_counts
 from recscale.distributed import init_worker, set_threads, worker_entry
-from recscale.embedding.tiered import merge_tier_stats
+from recscale.embedding.placement import merge_tier_stats
 from recscale.model.dlrm import ModelConfig
 from recscale.sharding import ShardingPlan
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
