@@ -5,8 +5,6 @@ import json
 import os
 import sys
 
-import torch
-
 from recscale.config import parse
 from recscale.pipelines.training.nodes import train_model
 from recscale.train import DLRMConfig

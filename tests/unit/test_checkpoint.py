@@ -11,15 +11,14 @@ import torch
 
 from recscale.config import ConfigError, parse
 from recscale.model import ModelConfig
-from recscale.train import TrainConfig, train_dlrm
+from recscale.train import NonFiniteLossError, TrainConfig, train_dlrm
 from recscale.train.checkpoint import list_checkpoints, read_manifest, verify_files
-from recscale.train.loop import NonFiniteLossError
 
 SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
 
 
 def _train(manifest, ckpt_dir, **train):
-    tcfg = parse(TrainConfig, {"batch_size": 1500, "progress": "off", "log_every": 5,
+    tcfg = parse(TrainConfig, {"batch_size_per_rank": 1500, "progress": "off", "log_every": 5,
                                "embedding_optimizer": {"name": "exact_rowwise_adagrad"},
                                "checkpoint": {"dir": str(ckpt_dir), "every_steps": 4,
                                               "keep_last": 3},
@@ -130,7 +129,7 @@ def test_bad_checkpoint_settings_name_the_key():
     with pytest.raises(ConfigError, match=r"train\.fault_injection\.kind"):
         parse(TrainConfig, {"fault_injection": {"kind": "flood"}}, "train")
     with pytest.raises(ConfigError, match=r"train\.fault_injection\.rank"):
-        parse(TrainConfig, {"world_size": 2, "fault_injection": {"rank": 2}}, "train")
+        parse(TrainConfig, {"launch": {"world_size": 2}, "fault_injection": {"rank": 2}}, "train")
 
 
 def test_every_torch_load_in_the_project_is_weights_only():
@@ -149,15 +148,16 @@ def test_tables_on_the_ssd_tier_checkpoint_and_resume_bitwise(parquet_dataset, t
     """Checkpoints capture every tier: tables the plan puts on SSD (behind a cache) are flushed
     into the checkpoint, restored through their views, and the resumed run ends equal to an
     uninterrupted all-in-memory run."""
-    from recscale.pipelines.sharding.nodes import plan_tables
+    from recscale.train import DLRMConfig, plan_for_run
 
     tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path / "scratch"),
              "min_cache_rows": 256}
-    train_d = {"batch_size": 256, "progress": "off", "seed": 2, "max_steps": 8,
+    train_d = {"batch_size_per_rank": 256, "progress": "off", "seed": 2, "max_steps": 8,
                "checkpoint": {"dir": str(tmp_path / "ck"), "every_steps": 3}}
     model_d = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
-    plan, *_ = plan_tables(parquet_dataset, {"topology": "cpu-local"}, model_d,
-                           {**train_d, "tiers": tiers})
+    plan = plan_for_run(parquet_dataset, parse(DLRMConfig, {
+        "sharding": {"topology": "cpu-local"}, "model": model_d,
+        "train": {**train_d, "tiers": tiers}}, "")).to_dict()
     assert any(t["shards"][0]["tier"] == "ssd" for t in plan["tables"])
     model_cfg = parse(ModelConfig, model_d, "model")
 
@@ -216,25 +216,35 @@ def test_the_cuda_rng_state_is_saved_and_restored(tmp_path, monkeypatch):
     real generator is used."""
     from torch import nn
 
+    from recscale.train import checkpoint_files
     from recscale.train.checkpoint import CheckpointConfig, Checkpointer, dense_tensors
 
     fake = not torch.cuda.is_available()
     if fake:
-        gen = {"state": torch.randint(0, 256, (16,), dtype=torch.uint8)}
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": gen["state"].clone())
-        monkeypatch.setattr(torch.cuda, "set_rng_state",
-                            lambda new, device="cuda": gen.__setitem__("state", new.clone()))
+        class FakeCudaRng:
+            state = torch.randint(0, 256, (16,), dtype=torch.uint8)
+
+            def available(self):
+                return True
+
+            def get(self):
+                return self.state.clone()
+
+            def set(self, new):
+                self.state = new.clone()
+
+        monkeypatch.setattr(checkpoint_files, "CUDA_RNG", FakeCudaRng())
+    rng = checkpoint_files.CUDA_RNG
     dense = nn.Linear(3, 2)
     ckpt = Checkpointer(CheckpointConfig(dir=str(tmp_path)), "run")
-    saved = torch.cuda.get_rng_state().clone()
+    saved = rng.get().clone()
     tensors, rest = dense_tensors(dense, None)
     ckpt.save(1, [], tensors, rest, {"epoch": 0, "batches": 1, "samples": 1,
                                       "global_samples": 1, "steps": 1})
     if fake:
-        gen["state"] = torch.zeros(16, dtype=torch.uint8)  # the generator moves on
+        rng.set(torch.zeros(16, dtype=torch.uint8))  # the generator moves on
     else:
         torch.cuda.manual_seed(123)
-    assert not torch.equal(torch.cuda.get_rng_state(), saved)
+    assert not torch.equal(rng.get(), saved)
     assert Checkpointer(CheckpointConfig(dir=str(tmp_path)), "run").restore([], dense, None)
-    assert torch.equal(torch.cuda.get_rng_state(), saved)
+    assert torch.equal(rng.get(), saved)

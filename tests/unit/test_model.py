@@ -9,7 +9,7 @@ from recscale.data.batch import SparseFeatures
 from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
 from recscale.model import DLRM, ModelConfig, build_dlrm
 from recscale.train import TrainConfig, TrainStep
-from recscale.train.loop import make_dense_optimizer
+from recscale.train.step import make_dense_optimizer
 
 
 def random_sparse(rng, rows, batch, max_len=3):
@@ -144,15 +144,17 @@ def test_state_dict_loads_with_weights_only(tmp_path):
 @pytest.mark.parametrize(
     "block,params,match",
     [
-        ("train", {"batch_size": 0}, r"train\.batch_size=0 is not allowed: expected a positive integer"),
+        ("train", {"batch_size_per_rank": 0},
+         r"train\.batch_size_per_rank=0 is not allowed: expected a positive integer"),
         ("train", {"embedding_optimizer": {"name": "adam"}},
          r"train\.embedding_optimizer\.name='adam' is not allowed: expected one of 'exact_rowwise_adagrad'"),
         ("train", {"dense_optimizer": {"name": "lbfgs"}}, r"train\.dense_optimizer\.name='lbfgs'"),
         ("model", {"embedding_dim": 32}, r"model\.bottom_mlp=.* last width equal to model\.embedding_dim=32"),
         ("model", {"top_mlp": [64, 2]}, r"model\.top_mlp"),
         ("model", {"interaction": "cross"}, r"model\.interaction='cross'"),
-        ("train", {"batchsize": 10}, r"unknown key train\.batchsize; allowed keys under train: batch_size"),
-        ("train", {"batch_size": "big"}, r"train\.batch_size='big' is not allowed: expected an integer"),
+        ("train", {"batchsize": 10}, r"unknown key train\.batchsize; allowed keys under train: batch_size_per_rank"),
+        ("train", {"batch_size_per_rank": "big"},
+         r"train\.batch_size_per_rank='big' is not allowed: expected an integer"),
     ],
 )
 def test_bad_parameters_fail_with_the_key_named(block, params, match):
@@ -162,12 +164,13 @@ def test_bad_parameters_fail_with_the_key_named(block, params, match):
 
 
 def test_bad_parameters_fail_in_the_node_before_any_training(monkeypatch):
+    from recscale.pipelines import common
     from recscale.pipelines.training import nodes
 
     called = []
-    monkeypatch.setattr(nodes, "train_dlrm", lambda *a: called.append(a))
-    with pytest.raises(ConfigError, match=r"train\.batch_size=0"):
-        nodes.train_model({}, {}, {}, {"batch_size": 0})
+    monkeypatch.setattr(nodes, "train_dlrm", lambda *a, **k: called.append(a))
+    with pytest.raises(ConfigError, match=r"train\.batch_size_per_rank=0"):
+        common.parse_dlrm_config({}, {}, {}, {}, {}, {"batch_size_per_rank": 0}, {})
     assert not called
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from recscale.config import ConfigError
+from recscale.pipelines.common import parse_dlrm_config
 from recscale.pipelines.sharding.nodes import plan_tables
 from recscale.sharding import table_specs_from_manifest as table_specs
 
@@ -15,13 +16,14 @@ def test_table_specs_come_from_the_data(parquet_dataset):
 
 
 def test_plan_node_plans_for_the_training_world_size(parquet_dataset):
-    plan, report, image, metrics = plan_tables(
-        parquet_dataset, {"topology": "cpu-local"}, {"embedding_dim": 16},
-        {"world_size": 2, "batch_size": 256, "embedding_optimizer": {"name": "exact_sgd"}})
+    cfg = parse_dlrm_config({}, {}, {"topology": "cpu-local"}, {}, {"embedding_dim": 16},
+                            {"launch": {"world_size": 2}, "batch_size_per_rank": 256,
+                             "embedding_optimizer": {"name": "exact_sgd"}}, {})
+    plan, report, image, metrics = plan_tables(parquet_dataset, cfg)
     assert plan["topology"]["world_size"] == 2 and len(plan["tables"]) == 26
     assert "Sharding plan: 26 tables on cpu-local (2 ranks" in report
     assert "optimizer exact_sgd" in report
     assert image.size[0] > 100 and metrics["max_over_mean"]["value"] >= 1.0
     with pytest.raises(ConfigError, match="unknown key sharding.topolgy"):
-        plan_tables(parquet_dataset, {"topolgy": "zionex"}, {"embedding_dim": 16},
-                    {"batch_size": 256})
+        parse_dlrm_config({}, {}, {"topolgy": "zionex"}, {}, {"embedding_dim": 16},
+                          {"batch_size_per_rank": 256}, {})

@@ -424,18 +424,21 @@ def test_ram_budget_in_the_config_plans_tables_onto_ssd_and_training_matches(par
     train_dlrm (one process) trains them there, logs tier metrics, and ends with the same model
     as the all-in-memory run."""
     from recscale.model import ModelConfig
-    from recscale.pipelines.sharding.nodes import plan_tables
-    from recscale.train import TrainConfig, train_dlrm
+    from recscale.train import DLRMConfig, TrainConfig, plan_for_run, train_dlrm
 
     # the 26 tables hold 5.3 MB (dim 16, row-wise Adagrad): the largest go to SSD
     tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path), "min_cache_rows": 256}
-    train_d = {"batch_size": 256, "max_steps": 8, "progress": "off", "seed": 2, "tiers": tiers}
+    train_d = {"batch_size_per_rank": 256, "max_steps": 8, "progress": "off", "seed": 2, "tiers": tiers}
     model_d = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
-    plan, *_ = plan_tables(parquet_dataset, {"topology": "cpu-local"}, model_d, train_d)
+    def plan_tables(sharding, model, train):
+        return plan_for_run(parquet_dataset, parse(DLRMConfig, {
+            "sharding": sharding, "model": model, "train": train}, "")).to_dict()
+
+    plan = plan_tables({"topology": "cpu-local"}, model_d, train_d)
     on_ssd = [t["name"] for t in plan["tables"] if t["shards"][0]["tier"] == "ssd"]
     assert len(on_ssd) >= 3 and plan["topology"]["ddr_bytes"] == 2_000_000
     with pytest.raises(ConfigError, match=r"train.tiers.ram_budget_bytes=0"):
-        plan_tables(parquet_dataset, {}, model_d, {**train_d, "tiers": {"ram_budget_bytes": 0}})
+        plan_tables({}, model_d, {**train_d, "tiers": {"ram_budget_bytes": 0}})
 
     model_cfg = parse(ModelConfig, model_d, "model")
     tiered_run = train_dlrm(parquet_dataset, model_cfg, parse(TrainConfig, train_d, "train"), plan)

@@ -48,6 +48,7 @@ from recscale.train.checkpoint_files import (
     load_rng,
     load_shards,
     read_manifest,
+    rng_states,
     sha256_file,
     verify_files,
 )
@@ -179,11 +180,7 @@ class Checkpointer:
             entries.append(ent)
         for k, v in dense.items():
             state[k] = v
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        for k, v in rng.items():
-            state[f"rng.rank{self.rank}.{k}"] = v
+        state.update(rng_states(self.rank))
         dense_crc = {k: crc32(v) for k, v in dense.items()}
         ok, err = True, ""
         try:

@@ -198,19 +198,43 @@ def load_dense(path: str, manifest: dict, dense: torch.nn.Module,
         opt.load_state_dict({"state": state, "param_groups": rest["param_groups"]})
 
 
+class CudaRng:
+    """The CUDA generator of the current device, behind one seam (a test without a GPU puts a
+    fake in ``CUDA_RNG``; DCP itself must keep seeing the real ``torch.cuda``)."""
+
+    def available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def get(self) -> torch.Tensor:
+        return torch.cuda.get_rng_state()
+
+    def set(self, state: torch.Tensor) -> None:
+        torch.cuda.set_rng_state(state)
+
+
+CUDA_RNG = CudaRng()
+
+
+def rng_states(rank: int) -> dict[str, torch.Tensor]:
+    """This rank's RNG states to save, keyed as the checkpoint stores them."""
+    out = {f"rng.rank{rank}.cpu": torch.get_rng_state()}
+    if CUDA_RNG.available():
+        out[f"rng.rank{rank}.cuda"] = CUDA_RNG.get()
+    return out
+
+
 def load_rng(path: str, rank: int) -> None:
     """This rank's RNG states as saved: the CPU generator, and the CUDA generator of the current
     device when the checkpoint has one and CUDA is here (a CUDA checkpoint resumed on a CPU-only
     machine restores the CPU state only)."""
     keys = {f"rng.rank{rank}.cpu": torch.get_rng_state()}
     cuda_key = f"rng.rank{rank}.cuda"
-    has_cuda = cuda_key in _saved_keys(path)
-    if has_cuda and torch.cuda.is_available():
-        keys[cuda_key] = torch.cuda.get_rng_state()
+    if cuda_key in _saved_keys(path) and CUDA_RNG.available():
+        keys[cuda_key] = CUDA_RNG.get()
     _load(keys, path)
     torch.set_rng_state(keys[f"rng.rank{rank}.cpu"])
     if cuda_key in keys:
-        torch.cuda.set_rng_state(keys[cuda_key])
+        CUDA_RNG.set(keys[cuda_key])
 
 
 def _saved_keys(path: str) -> set[str]:
