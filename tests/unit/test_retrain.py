@@ -135,7 +135,7 @@ def test_synthetic_days_share_the_planted_model_with_fresh_rows(tmp_path):
 
 
 def test_synthetic_day_node_writes_the_next_day(tmp_path):
-    from recscale.pipelines.retrain.nodes import write_synthetic_day
+    from recscale.pipelines.retrain.nodes import parse_retrain_config, write_synthetic_day
 
     landing = tmp_path / "daily"
     start = int(np.random.default_rng().integers(0, 12))
@@ -143,7 +143,8 @@ def test_synthetic_day_node_writes_the_next_day(tmp_path):
         _days(landing, [f"{start:02d}"])
     data = {"synthetic": {"num_rows": 1500, "seed": 1, "cardinality_scale": 0.0005,
                           "keep_cardinality_below": 200}}
-    rep = write_synthetic_day(data, {"landing_dir": str(landing)})
+    cfg = parse_retrain_config(data, {}, {}, {}, {}, {}, {}, {"landing_dir": str(landing)})
+    rep = write_synthetic_day(cfg)
     assert rep["path"] == str(landing / f"day_{start + 1:02d}.tsv") and rep["num_rows"] == 1500
 
 

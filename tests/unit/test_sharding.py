@@ -426,10 +426,10 @@ def test_topology_presets():
 def test_sharding_config_parses_the_parameter_block():
     cfg = parse(ShardingConfig, {"topology": "zionex", "world_size": 16,
                                  "options": {"weight_precision": "fp16", "strategy": "greedy",
-                                             "comms": "bf16", "split_fractions": [0.5]}},
+                                             "split_fractions": [0.5]}},
                 "sharding")
     assert isinstance(cfg.options, PlannerOptions)
-    assert cfg.options == PlannerOptions(weight_precision="fp16", strategy="greedy", comms="bf16",
+    assert cfg.options == PlannerOptions(weight_precision="fp16", strategy="greedy",
                                          split_fractions=(0.5,))
     assert cfg.topology_for(4) == Topology.preset("zionex", world_size=16)
     assert ShardingConfig().options == PlannerOptions()
@@ -452,7 +452,9 @@ def test_sharding_config_parses_the_parameter_block():
         ({"local_world_size": 1.5}, r"sharding.local_world_size=1.5 "),
         ({"options": {"colour": 1}}, r"unknown key sharding.options.colour"),
         ({"options": {"memory_fraction": 2}}, r"sharding.options.memory_fraction=2 .*\(0, 1\]"),
-        ({"options": {"comms": {"forward": "fp12"}}}, r"sharding.options.comms.forward='fp12'"),
+        ({"options": {"comms": "bf16"}}, r"sharding.options.comms='bf16' .*top-level comms"),
+        ({"options": {"optimizer": "exact_sgd"}},
+         r"sharding.options.optimizer='exact_sgd' .*train.embedding_optimizer.name"),
         ({"options": "fast"}, r"sharding.options='fast' .*mapping"),
     ],
 )
