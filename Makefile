@@ -6,7 +6,6 @@ FBGEMM_EXTRA := $(if $(GPU),gpu,cpu)
 export DO_NOT_TRACK := true
 export KEDRO_DISABLE_TELEMETRY := true
 export MLFLOW_DISABLE_TELEMETRY := true
-export KEDRO_LOGGING_CONFIG ?= conf/base/logging.yml
 
 .PHONY: install system-packages run test test-fast lint bench clean
 
@@ -28,7 +27,7 @@ system-packages:
 	@bash scripts/system_packages.sh
 
 run: install
-	$(BIN)/kedro run --pipeline=dlrm
+	$(BIN)/kedro run --pipelines=dlrm
 
 test: install system-packages
 	$(BIN)/python -m pytest

@@ -1,8 +1,15 @@
 """Kedro project settings."""
 
+import warnings
+
 from kedro.config import OmegaConfigLoader
 
 from recscale.hooks import RecscaleHooks, TrackingStoreCheck
+
+# Kedro 1.7 and kedro-mlflow call omegaconf's register_new_resolver, deprecated in the omegaconf
+# they install; nothing a user of this project can act on
+warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated",
+                        category=UserWarning)
 
 HOOKS = (TrackingStoreCheck(), RecscaleHooks())
 

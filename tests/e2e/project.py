@@ -33,11 +33,31 @@ def make_project_copy(tmp_path: Path, base_sizes_from: str | None = None) -> Pat
 
 
 def kedro(proj: Path, *args: str, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true",
-               KEDRO_LOGGING_CONFIG=str(PROJECT_ROOT / "conf/base/logging.yml"))
+    env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true")
+    env.pop("KEDRO_LOGGING_CONFIG", None)  # the copy's conf/logging.yml applies, as for a user
     cmd = [str(Path(sys.executable).parent / "kedro"), *args]
     res = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         assert res.returncode == 0, (f"kedro {' '.join(args)} failed:\n{res.stdout[-3000:]}\n"
                                      f"{res.stderr[-6000:]}")
     return res
+
+
+def run_in_process(pipeline: str, env: str = "test", params: dict | None = None,
+                   inputs: dict | None = None, conf: Path = PROJECT_ROOT / "conf") -> dict:
+    """Run a registered pipeline with Kedro's SequentialRunner in this process, for tests where
+    a ``kedro run`` CLI (and MLflow) is not the point: parameters from conf/base + conf/<env>,
+    merged key by key as a run does, then ``params`` (nested, like --params); ``inputs``: the
+    pipeline's other inputs by name; every other dataset in memory. -> the pipeline's outputs."""
+    from kedro.config import OmegaConfigLoader
+    from kedro.io import DataCatalog, MemoryDataset
+    from kedro.runner import SequentialRunner
+
+    from recscale.pipeline_registry import register_pipelines
+
+    loader = OmegaConfigLoader(str(conf), base_env="base", default_run_env=env,
+                               merge_strategy={"parameters": "soft"}, runtime_params=params)
+    catalog = DataCatalog({**{f"params:{k}": MemoryDataset(v)
+                              for k, v in loader["parameters"].items()},
+                           **{k: MemoryDataset(v) for k, v in (inputs or {}).items()}})
+    return SequentialRunner().run(register_pipelines()[pipeline], catalog)

@@ -1,6 +1,6 @@
 """The default synthetic config (conf/base) trains to within 0.03 AUC of the generator's oracle.
 
-This runs the library path of `kedro run --pipeline=dlrm` at full default size (about a minute
+This runs the library path of `kedro run --pipelines=dlrm` at full default size (about a minute
 on 2 cores), because the claim is about the default configuration itself.
 """
 

@@ -24,7 +24,7 @@ def test_an_unreachable_tracking_server_fails_the_run_in_seconds(tmp_path):
     uri = f"http://127.0.0.1:{_closed_port()}"
     (proj / "conf/test/mlflow.yml").write_text(f"server:\n  mlflow_tracking_uri: {uri}\n")
     t0 = time.perf_counter()
-    res = kedro(proj, "run", "--pipeline=dlrm", "--env=test", check=False, timeout=120)
+    res = kedro(proj, "run", "--pipelines=dlrm", "--env=test", check=False, timeout=120)
     took = time.perf_counter() - t0
     assert res.returncode != 0
     assert f"MLflow tracking server {uri} is unreachable" in res.stdout + res.stderr

@@ -482,7 +482,7 @@ def test_plan_refuses_a_run_it_was_not_made_for():
         plan.check_matches(batch_size_per_rank=1024, world_size=8, comms=comms)
     assert str(info.value) == (
         "the sharding plan was made for batch_size_per_rank=512 but "
-        "train.batch_size_per_rank=1024: plan again for this run (kedro run --pipeline=sharding) "
+        "train.batch_size_per_rank=1024: plan again for this run (kedro run --pipelines=sharding) "
         "or set train.batch_size_per_rank=512")
     assert isinstance(info.value, ConfigError)
     assert (info.value.key, info.value.planned, info.value.actual) == (

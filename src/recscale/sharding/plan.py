@@ -22,7 +22,7 @@ from .topology import Topology
 from .types import TIERS, PlannerOptions
 
 FORMAT_VERSION = 1
-_REPLAN = "plan again for this run (kedro run --pipeline=sharding)"
+_REPLAN = "plan again for this run (kedro run --pipelines=sharding)"
 
 
 class PlanMismatchError(ConfigError):

@@ -7,12 +7,12 @@ counts, C1..C26 hashed ids, null = missing); output: click probabilities. Weight
     probs = model.predict(pd.read_parquet("data/05_model_input/retrain/test/part-00000.parquet"))
 """
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 
 import mlflow
+import numpy as np
+import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 
@@ -20,20 +20,13 @@ class DLRMPyfunc(PythonModel):
     def load_context(self, context) -> None:
         import torch
 
-        from recscale.config import parse
-        from recscale.model import ModelConfig
-        from recscale.train import TrainConfig, build_model_for
+        from recscale.train import model_from_resolved
 
         cfg = json.loads(Path(context.artifacts["resolved_config"]).read_text())
-        model = build_model_for({"table_sizes": cfg["table_sizes"]},
-                                parse(ModelConfig, cfg["model"], "model"),
-                                parse(TrainConfig, cfg["train"], "train"))
-        model.load_state_dict(torch.load(context.artifacts["state_dict"], map_location="cpu",
-                                         weights_only=True))
-        self.model = model.eval()
+        state = torch.load(context.artifacts["state_dict"], map_location="cpu", weights_only=True)
+        self.model = model_from_resolved(cfg, state).eval()
 
-    def predict(self, context, model_input, params=None):
-        import numpy as np
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
         import torch
 
         from recscale.data.criteo import DENSE_NAMES, SPARSE_NAMES
