@@ -3,7 +3,7 @@ on the DDR or SSD tier behind a cache of 5%, 20% and 50% of their rows, Zipf-dis
 Every configuration trains on the same batches in the same run, interleaved repetition by
 repetition; samples/s is the median over repetitions, the ratio is against the in-memory median.
 
-    python benchmarks/bench_tiers.py                      # the README table
+    python benchmarks/bench_tiers.py                      # the table in docs/results.md
     python benchmarks/bench_tiers.py --rows 50000 --reps 1 --steps 5   # a quick look
 
 The SSD tier is a memory-mapped file under --scratch (default: the system temp directory) with
@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from loop_timing import loop_config, run_steps  # this folder
 from recscale.data.batch import Batch, SparseFeatures
 from recscale.embedding import (
     EmbeddingOptimizerConfig,
@@ -32,9 +33,7 @@ from recscale.embedding import (
     TieredEmbeddingBags,
 )
 from recscale.model import DLRM, ModelConfig
-from recscale.train import TrainStep
-from recscale.train.config import DenseOptimizerConfig
-from recscale.train.loop import make_dense_optimizer
+from recscale.train.runtime import LocalRuntime
 
 NUM_DENSE = 13
 
@@ -61,16 +60,18 @@ def zipf_batches(n, tables, rows, batch, a, seed=0):
 
 class Runner:
     """One model and its position in the shared batch sequence. ``dlrm``: the whole training
-    step (MLPs, interaction, dense optimizer); else the embeddings alone (forward, and backward
-    with the fused update, from a fixed random output gradient), which isolates the tiers' cost."""
+    step (MLPs, interaction, dense optimizer) through recscale's training loop, which prefetches
+    the next batch's rows; else the embeddings alone (forward, and backward with the fused update,
+    from a fixed random output gradient, the next batch prefetched by hand), which isolates the
+    tiers' cost."""
 
     def __init__(self, name, emb, args, cfg, dlrm=True):
         self.name, self.emb, self.dlrm = name, emb, dlrm
         if dlrm:
             self.model = DLRM(NUM_DENSE, args.tables, cfg, emb, seed=0)
-            opt = make_dense_optimizer(self.model.dense_parameters(),
-                                       DenseOptimizerConfig("adagrad", 0.01))
-            self.step = TrainStep(self.model, opt)
+            self.cfg = loop_config(dense_optimizer={"name": "adagrad", "learning_rate": 0.01},
+                                   device="cpu")
+            self.rt = LocalRuntime(self.model, self.cfg, torch.device("cpu"))
         else:
             grad = torch.randn(args.batch, args.tables * args.dim,
                                generator=torch.Generator().manual_seed(0))
@@ -88,11 +89,15 @@ class Runner:
     def run(self, batches, steps, timed=True):
         s0 = self.emb.tier_stats()  # {} in memory
         t0 = time.perf_counter()
-        for _ in range(steps):
-            b = batches[self.i % len(batches)]
-            self.emb.prefetch(batches[(self.i + 1) % len(batches)].sparse)
-            float(self.step(b))
-            self.i += 1
+        if self.dlrm:
+            run_steps(self.rt, batches, steps, self.cfg, start=self.i)
+            self.i += steps
+        else:
+            for _ in range(steps):
+                b = batches[self.i % len(batches)]
+                self.emb.prefetch(batches[(self.i + 1) % len(batches)].sparse)
+                float(self.step(b))
+                self.i += 1
         dt = time.perf_counter() - t0
         if timed:
             self.samples_per_s.append(steps * batches[0].batch_size / dt)

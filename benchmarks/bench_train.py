@@ -21,12 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from loop_timing import loop_config, time_loop  # this folder
 from recscale.data.batch import Batch, SparseFeatures
 from recscale.data.synthetic import scaled_cardinalities
 from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.model import MLP, ModelConfig, build_dlrm, interaction_dim
 from recscale.train.config import DenseOptimizerConfig
-from recscale.train.loop import TrainStep, make_dense_optimizer
+from recscale.train.runtime import LocalRuntime
 
 CONFIGS = {
     # 8 tables x 100,000 rows, dim 16, one id per table per sample
@@ -84,12 +85,13 @@ DEVICE = "cpu"
 
 
 def ours(cfg, precision):
+    """recscale's runtime for one process; timed through the training loop itself."""
     mcfg = ModelConfig(embedding_dim=cfg["dim"], bottom_mlp=cfg["bottom"], top_mlp=cfg["top"],
                        dense_precision=precision)
     model = build_dlrm(mcfg, cfg["tables"], 13, EmbeddingOptimizerConfig("exact_sgd", LR),
                        device=DEVICE)
-    opt = make_dense_optimizer(model.dense_parameters(), DenseOptimizerConfig("sgd", LR))
-    return TrainStep(model, opt)
+    tcfg = loop_config(dense_optimizer={"name": "sgd", "learning_rate": LR}, device=DEVICE)
+    return LocalRuntime(model, tcfg, torch.device(DEVICE)), tcfg
 
 
 def baseline(cfg):
@@ -203,7 +205,8 @@ def main(argv=None):
         base, base_all = time_steps(baseline(cfg), batches, args.steps, args.reps)
         row = {"config": name, "baseline_samples_per_s": base, "baseline_reps": base_all}
         for precision, rate in (("fp32", rate32), ("bf16", rate16)):
-            ours_rate, ours_all = time_steps(ours(cfg, precision), batches, args.steps, args.reps)
+            rt, tcfg = ours(cfg, precision)
+            ours_rate, ours_all = time_loop(rt, batches, args.steps, args.reps, tcfg)
             limit = rate / flops
             row[precision] = {"samples_per_s": ours_rate, "reps": ours_all, "ratio": ours_rate / base,
                               "limit_samples_per_s": limit, "fraction_of_limit": ours_rate / limit}
