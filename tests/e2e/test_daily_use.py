@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -143,6 +144,21 @@ def test_retrain_day1_then_day2_registers_two_versions_and_champion_follows_the_
     assert {a.path for a in c.list_artifacts(run.info.run_id, "plots")} >= {
         "plots/loss.png", "plots/throughput.png", "plots/roc.png", "plots/calibration.png",
         "plots/auc_history.png"}
+
+
+def test_the_registered_champion_predicts_click_probabilities(daily):
+    """The registered pyfunc (models from code) loads by its alias and scores the held-out rows."""
+    import mlflow
+    import pandas as pd
+
+    proj = daily["proj"]
+    _client(proj)
+    model = mlflow.pyfunc.load_model(f"models:/{daily['model']}@champion")
+    work = proj / _params(proj, "retrain")["retrain"]["work_dir"]
+    frame = pd.concat([pd.read_parquet(f) for f in sorted(work.glob("test/*.parquet"))])
+    probs = np.asarray(model.predict(frame))
+    assert probs.shape == (len(frame),) and len(frame) > 0
+    assert np.all((probs > 0) & (probs < 1))
 
 
 def test_rerun_without_new_data_changes_nothing(daily):
