@@ -9,6 +9,19 @@ from tests.conftest import PROJECT_ROOT
 SRC = PROJECT_ROOT / "src" / "recscale"
 LIBRARY = ("comm", "data", "distributed", "embedding", "evaluate", "model", "optim", "retrain",
            "sharding", "train")
+# the house's direction (docs/architecture.md): what each library package may import
+ALLOWED = {
+    "comm": set(),
+    "data": {"evaluate"},  # the synthetic generator's oracle AUC (evaluate is a leaf)
+    "distributed": set(),
+    "embedding": {"comm", "data", "sharding"},
+    "evaluate": set(),
+    "model": {"data", "embedding"},
+    "optim": {"distributed"},
+    "retrain": {"data", "evaluate", "model", "sharding", "train"},
+    "sharding": {"comm"},
+    "train": {"comm", "data", "distributed", "embedding", "evaluate", "model", "sharding"},
+}
 
 
 def _imports(path: Path, package: list[str]) -> set[str]:
@@ -68,6 +81,13 @@ def test_the_package_import_graph_has_no_cycle():
     where = "" if cycle is None else "; ".join(
         f"{a} -> {b} in {sorted(graph[a][b])[0]}" for a, b in zip(cycle, cycle[1:]))
     assert cycle is None, f"import cycle {' -> '.join(cycle)}: {where}"
+
+
+def test_each_library_package_imports_only_what_the_house_allows():
+    graph = package_graph()
+    bad = [f"{a} -> {b} ({sorted(files)[0]})" for a in LIBRARY
+           for b, files in graph.get(a, {}).items() if b not in ALLOWED[a]]
+    assert not bad, bad
 
 
 def test_the_cycle_finder_finds_a_planted_cycle():
