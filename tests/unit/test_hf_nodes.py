@@ -75,8 +75,8 @@ def test_speech_nodes_run_on_frames():
 
 def test_a_bad_parameter_names_the_key(mnist_splits):
     p = _params("hf")
-    bad = {**p, "train": {**p["train"], "batch_size": 0}}
-    with pytest.raises(ConfigError, match=r"hf.train.batch_size=0 is not allowed: expected a positive"):
+    bad = {**p, "train": {**p["train"], "global_batch_size": 0}}
+    with pytest.raises(ConfigError, match=r"hf.train.global_batch_size=0 is not allowed: expected a positive"):
         N.train_hessian_free(mnist_splits, bad)
     bad = {**p, "optimizer": {**p["optimizer"], "solver": "gmres"}}
     with pytest.raises(ConfigError, match=r"hf.optimizer.solver='gmres' is not allowed: expected one of 'cg', 'bicgstab'"):

@@ -62,7 +62,7 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                plan=None, out_dir: str | None = None) -> TrainOutcome:
     """Train on the manifest's train split: in this process when ``train.world_size`` is 1, else
     sharded over ``world_size`` workers as ``plan`` (a ShardingPlan or its dict) says."""
-    from recscale.train.launch import in_torchrun
+    from recscale.distributed import in_torchrun
 
     if train_cfg.world_size > 1 or in_torchrun():
         return _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir)
@@ -160,8 +160,8 @@ def new_run_id() -> str:
 
 def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcome:
     from recscale.config import to_dict
+    from recscale.distributed import LaunchConfig, in_torchrun, launch
     from recscale.sharding import ShardingPlan
-    from recscale.train.launch import in_torchrun, launch
     from recscale.train.sharded import default_out_dir, sharded_train_worker, summarize
 
     if plan is None:
@@ -175,7 +175,10 @@ def _train_sharded(manifest, model_cfg, train_cfg, plan, out_dir) -> TrainOutcom
     run_id = new_run_id()
     results = launch(sharded_train_worker,
                      (manifest, to_dict(model_cfg), to_dict(train_cfg), plan_d, out_dir, run_id),
-                     train_cfg)
+                     LaunchConfig(world_size=train_cfg.world_size, nnodes=train_cfg.nnodes,
+                                  rdzv_endpoint=train_cfg.rdzv_endpoint,
+                                  max_restarts=train_cfg.max_restarts,
+                                  collective_timeout_s=train_cfg.collective_timeout_s))
     summary = summarize(results)
     r0 = results.get(0)
     if r0 is None:  # another host (or, under torchrun, another process) holds rank 0

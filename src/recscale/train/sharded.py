@@ -30,6 +30,7 @@ from recscale.config import parse
 from recscale.data.batch import Batch
 from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.data.loader import LoaderConfig, empty_columns, make_loader, rank_row_counts, to_batch
+from recscale.distributed import LaunchConfig, WorkerContext, init_worker, worker_entry
 from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.embedding.tiered import merge_tier_stats
 from recscale.model.dlrm import DLRM, ModelConfig
@@ -43,7 +44,6 @@ from recscale.train.checkpoint import (
 )
 from recscale.train.config import TrainConfig
 from recscale.train.faults import maybe_kill, maybe_poison
-from recscale.train.launch import WorkerContext, init_worker, worker_entry
 from recscale.train.loop import NonFiniteLossError, make_dense_optimizer, set_threads
 
 log = logging.getLogger(__name__)
@@ -340,7 +340,8 @@ def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, plan_d: d
     """Entry point of every worker process (picklable arguments only)."""
     model_cfg = parse(ModelConfig, model_d, "model")
     train_cfg = parse(TrainConfig, train_d, "train")
-    ctx = init_worker(train_cfg)
+    ctx = init_worker(LaunchConfig(collective_timeout_s=train_cfg.collective_timeout_s),
+                      train_cfg.device)
     result = train_sharded(ctx, manifest, model_cfg, train_cfg, ShardingPlan.from_dict(plan_d),
                            out_dir, run_id)
     dist.destroy_process_group()  # on error the process just exits: the launcher cleans up

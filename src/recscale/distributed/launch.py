@@ -1,0 +1,218 @@
+"""Start workers with torch.distributed.elastic, or run as a rank torchrun started.
+
+``launch(fn, args, cfg)`` returns {rank: fn's return value} for this host's workers. A worker's
+exception fails the whole group, and the error raised here carries that worker's traceback.
+Nothing waits forever: collectives time out after ``collective_timeout_s``, and an exit watch
+ends a rank that is still running ``exit_timeout_s`` after the last rank finished (whatever it
+is stuck in, GIL held or not) and fails the launch naming it, with its Python stack.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from recscale.distributed import markers
+from recscale.distributed.config import LaunchConfig
+from recscale.distributed.worker import in_torchrun
+
+# errors a rank gets because a peer failed or went away (never the root cause while another is known)
+_COMM_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "gloo/transport",
+                "NCCL error", "ProcessGroup", "monitoredBarrier", "LaunchAbortedError")
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker failed; the message holds the first failing rank's traceback."""
+
+
+class RankExitTimeoutError(WorkerFailedError):
+    """A rank did not exit within ``exit_timeout_s`` after the last rank finished; the launcher
+    ended it. ``ranks`` are the ranks it ended; the message says where each one was."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, Any]:
+    """Run ``fn(*args)`` on ``cfg.world_size`` ranks (``cfg.nproc_per_node`` on this host);
+    under torchrun, run it in this process as the rank torchrun made."""
+    if in_torchrun():
+        return {int(os.environ["RANK"]): fn(*args)}
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
+    from torch.distributed.launcher.api import elastic_launch
+
+    lc = ElasticConfig(
+        min_nodes=cfg.nnodes,
+        max_nodes=cfg.nnodes,
+        nproc_per_node=cfg.nproc_per_node,
+        run_id=f"recscale-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=cfg.rdzv_endpoint,
+        max_restarts=cfg.max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        # error files let a worker's traceback reach the exception raised here
+        logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="recscale-elastic-")),
+    )
+    where = tempfile.mkdtemp(prefix="recscale-launch-")
+    previous = os.environ.get(markers.ENV)
+    os.environ[markers.ENV] = where  # spawned workers inherit it
+    watch = ExitWatch(where, cfg.exit_timeout_s)
+    watch.start()
+    try:
+        try:
+            results = elastic_launch(lc, fn)(*args)
+        except ChildFailedError as exc:
+            failure = _failure(where, watch)
+            if failure is None:
+                raise
+            raise failure from exc
+        failure = _failure(where, watch)
+        if failure is not None:  # the watch ended a rank that had returned its result
+            raise failure
+        return results
+    finally:
+        watch.stop()
+        if previous is None:
+            os.environ.pop(markers.ENV, None)
+        else:
+            os.environ[markers.ENV] = previous
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _failure(where: str, watch: ExitWatch) -> WorkerFailedError | None:
+    watch.stop()
+    cause = root_cause(where)
+    if watch.verdict is None:
+        return WorkerFailedError(cause) if cause else None
+    if cause:  # a worker's own error is the root cause; the stuck rank came after it
+        return WorkerFailedError(f"{cause}\n(then the launcher ended a rank: {watch.verdict})")
+    return RankExitTimeoutError(watch.verdict, watch.ended)
+
+
+def root_cause(where: str) -> str | None:
+    """The first worker error of a launch, or None. A peer's failure makes the others fail in
+    their next collective; the root cause is the earliest error that is not such a
+    communication error (restarted workers that found the launch ended do not count)."""
+    reports = [r for r in markers.read_all(where, "error") if not r.get("aborted")]
+    if not reports:
+        return None
+    reports.sort(key=lambda r: (any(m in r["error"] for m in _COMM_ERRORS), r["time"]))
+    first = reports[0]
+    msg = f"worker rank {first['rank']} failed first: {first['error']}\n{first['traceback']}"
+    for r in reports[1:]:
+        msg += f"\n(then rank {r['rank']}: {r['error'][:300]})"
+    return msg
+
+
+class ExitWatch(threading.Thread):
+    """Watches one launch's workers from the launcher process (a thread, so it works whatever
+    a worker is stuck in). Once a rank of the current elastic attempt has finished (returned or
+    raised), every rank of that attempt must have exited within ``timeout_s`` of the last one
+    to finish. A rank still running then is ended: its Python stacks are dumped (SIGUSR1), the
+    verdict is written where restarted workers find it (so the agent's restarts end at once
+    instead of running the job again), and it is SIGKILLed, which makes the elastic agent
+    stop the group and ``launch`` raise. Ranks still inside the worker function are the stuck
+    ones; ranks that finished and only wait for them are left to the agent."""
+
+    def __init__(self, where: str, timeout_s: float, interval_s: float = 0.2):
+        super().__init__(name="recscale-exit-watch", daemon=True)
+        self.where, self.timeout_s, self.interval_s = where, timeout_s, interval_s
+        self.verdict: str | None = None
+        self.ended: tuple[int, ...] = ()
+        self._stop_event = threading.Event()
+        self._judged: set[int] = set()  # attempts already ended
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=10)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                self._check()
+            except OSError:  # the launch directory went away: the launch is over
+                return
+
+    def _check(self) -> None:
+        starts = markers.read_all(self.where, "start")
+        if not starts:
+            return
+        attempt = max(s["attempt"] for s in starts)
+        if attempt in self._judged:
+            return
+        started = {s["rank"]: s for s in starts if s["attempt"] == attempt}
+        done = {d["rank"]: d for d in markers.read_all(self.where, "done") if d["attempt"] == attempt}
+        if not done:
+            return
+        last = max(done.values(), key=lambda d: d["time"])
+        if time.time() - last["time"] <= self.timeout_s:
+            return
+        alive = sorted(r for r, s in started.items() if _alive(s["pid"]))
+        if not alive:
+            return
+        stuck = [r for r in alive if r not in done] or alive
+        self._judged.add(attempt)
+        for r in stuck:
+            _signal(started[r]["pid"], signal.SIGUSR1)
+        time.sleep(1.0)  # let faulthandler write the stacks
+        lines = []
+        for r in stuck:
+            s = started[r]
+            after = "it" if r == last["rank"] else f"rank {last['rank']}"
+            state = (f"it had {done[r]['how']} from {s['fn']} but did not exit" if r in done
+                     else f"it was still inside {s['fn']}")
+            stack = _read_stack(markers.path(self.where, "stack", r, attempt, "txt"))
+            lines.append(f"rank {r} did not exit within {self.timeout_s:g} s after {after} "
+                         f"{last['how']}: {state} (pid {s['pid']}, elastic attempt {attempt}); "
+                         f"ended. Its Python stacks:\n{stack}")
+        verdict = "\n".join(lines)
+        if self.verdict is None:
+            self.verdict, self.ended = verdict, tuple(stuck)
+        markers.write(os.path.join(self.where, markers.VERDICT), {"message": verdict})
+        for r in stuck:
+            _signal(started[r]["pid"], signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not exited, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _read_stack(file: str, limit: int = 4000) -> str:
+    try:
+        with open(file) as fh:
+            text = fh.read().strip()
+    except OSError:
+        text = ""
+    if not text:
+        return "  (no stack dump: the process did not answer SIGUSR1)"
+    return text if len(text) <= limit else text[:limit] + "\n  ..."
