@@ -76,7 +76,7 @@ def main() -> None:
           f"{'-'.join(map(str, args.hidden))}-10; {args.threads} thread(s); load {load0:.2f}")
 
     def fit_cfg(batch, **kw):
-        return parse(FitConfig, {"batch_size": batch, "epochs": args.epochs, "seed": args.seed,
+        return parse(FitConfig, {"global_batch_size": batch, "epochs": args.epochs, "seed": args.seed,
                                  "num_threads": args.threads, "progress": "off",
                                  "eval_every": 0.5, **kw}, "train")
 
@@ -143,7 +143,8 @@ def main() -> None:
     scaling = {}
     for label, world, threads in (("1 rank x 1 thread", 1, 1), ("1 rank x 2 threads", 1, 2),
                                   ("2 ranks x 1 thread", 2, 1)):
-        cfg = fit_cfg(large, curvature_batch_size=min(large, args.curvature_batch), world_size=world,
+        cfg = fit_cfg(large, curvature_batch_size=min(large, args.curvature_batch),
+                      launch={"world_size": world},
                       num_threads=threads, max_steps=args.scaling_steps, epochs=args.scaling_steps)
         r = fit_hessian_free(data, net, hf, cfg)
         per = [s["step_s"] for s in r.steps[1:]] or [s["step_s"] for s in r.steps]

@@ -19,19 +19,28 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_sharded as bs  # noqa: E402
 from recscale.comm.collectives import CommStats  # noqa: E402
 from recscale.config import parse  # noqa: E402
+from recscale.distributed import (  # noqa: E402
+    LaunchConfig,
+    WorkerContext,
+    launch,
+    run_in_group,
+    worker_entry,
+)
 from recscale.train import TrainConfig  # noqa: E402
-from recscale.train.launch import init_worker, launch, worker_entry  # noqa: E402
 from recscale.train.loop import make_dense_optimizer  # noqa: E402
 from recscale.train.sharded import ShardedStep, build_sharded_model  # noqa: E402
 
 
 @worker_entry
 def pipeline_worker(cfg, kind, globals_, steps, reps, pipelined):
+    return run_in_group(LaunchConfig(), _pipeline, cfg, kind, globals_, steps, reps, pipelined)
+
+
+def _pipeline(ctx: WorkerContext, cfg, kind, globals_, steps, reps, pipelined):
     import torch.distributed as dist
 
     # train.pipeline also switches the output all-to-all's overlap with the bottom MLP
     tcfg = parse(TrainConfig, {**bs.TCFG, "world_size": 2, "pipeline": pipelined}, "train")
-    ctx = init_worker(tcfg)
     torch.set_num_threads(1)
     stats = CommStats()
     model = build_sharded_model(ctx, bs.make_plan(cfg, kind, 2), bs.model_cfg(cfg), tcfg, stats,
@@ -53,7 +62,6 @@ def pipeline_worker(cfg, kind, globals_, steps, reps, pipelined):
         dist.barrier()
         if rep:
             times.append(time.perf_counter() - t0)
-    dist.destroy_process_group()
     return times
 
 
@@ -66,10 +74,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     cfg = bs.CONFIGS[args.config]
     globals_ = bs.make_batches(cfg, 8)
-    tcfg = parse(TrainConfig, {"world_size": 2}, "train")
+    launch_cfg = LaunchConfig(world_size=2)
     rates = {}
     for pipelined in (False, True):
-        res = launch(pipeline_worker, (cfg, args.kind, globals_, args.steps, args.reps, pipelined), tcfg)
+        res = launch(pipeline_worker, (cfg, args.kind, globals_, args.steps, args.reps, pipelined),
+                     launch_cfg)
         secs = [max(r[i] for r in res.values()) for i in range(args.reps)]
         rates[pipelined] = statistics.median(args.steps * cfg["batch"] / s for s in secs)
     print(f"{args.config}, {args.kind}, 2 ranks x 1 thread, global batch {cfg['batch']}:")

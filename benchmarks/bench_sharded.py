@@ -20,12 +20,12 @@ import torch
 from recscale.comm.collectives import CommStats
 from recscale.config import parse
 from recscale.data.batch import Batch, SparseFeatures
+from recscale.distributed import LaunchConfig, WorkerContext, launch, run_in_group, worker_entry
 from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.model import ModelConfig, build_dlrm
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.sharding.traffic import estimate_comm_bytes
 from recscale.train import TrainConfig, TrainStep
-from recscale.train.launch import init_worker, launch, worker_entry
 from recscale.train.loop import make_dense_optimizer
 from recscale.train.sharded import ShardedStep, build_sharded_model
 
@@ -103,10 +103,13 @@ def timed(step, batches, steps, reps, warmup=3, barrier=None):
 
 @worker_entry
 def bench_worker(cfg, kind, globals_, steps, reps):
+    return run_in_group(LaunchConfig(), _bench, cfg, kind, globals_, steps, reps)
+
+
+def _bench(ctx: WorkerContext, cfg, kind, globals_, steps, reps):
     import torch.distributed as dist
 
     tcfg = parse(TrainConfig, {**TCFG, "world_size": 2}, "train")
-    ctx = init_worker(tcfg)
     torch.set_num_threads(1)
     plan = make_plan(cfg, kind, ctx.world_size)
     stats = CommStats()
@@ -120,7 +123,6 @@ def bench_worker(cfg, kind, globals_, steps, reps):
     secs = timed(step, batches, steps, reps, warmup=0, barrier=dist.barrier)
     n = steps * reps
     snap = stats.snapshot()
-    dist.destroy_process_group()
     return {"seconds": secs, "bytes": {k: v["bytes"] / n for k, v in snap.items()},
             "comm_s": {k: v["seconds"] / n for k, v in snap.items()},
             "types": sorted({t.sharding_type for t in plan.tables}),
@@ -152,10 +154,10 @@ def main(argv=None):
     print("| sharding | types | shards | 2 ranks x 1 thread (samples/s) | vs 1 rank | comm ms/step "
           "| bytes/step measured | planner estimate | measured/estimate |")
     print("|---|---|---|---|---|---|---|---|---|")
-    tcfg = parse(TrainConfig, {"world_size": 2}, "train")
+    launch_cfg = LaunchConfig(world_size=2)
     rows = []
     for kind in args.kinds:
-        res = launch(bench_worker, (cfg, kind, globals_, args.steps, args.reps), tcfg)
+        res = launch(bench_worker, (cfg, kind, globals_, args.steps, args.reps), launch_cfg)
         secs = [max(r["seconds"][i] for r in res.values()) for i in range(args.reps)]
         rate = statistics.median(args.steps * gb / s for s in secs)
         emb_bytes = sum(v for r in res.values() for k, v in r["bytes"].items()

@@ -5,8 +5,10 @@ dataclasses and fails with a ``ConfigError`` that names the full key, the bad va
 allowed. Every config class derives from ``Validated``: its ``validate(prefix)`` (range checks via
 ``check``/``check_choice``) runs on construction, so ``TrainConfig(batch_size_per_rank=0)`` fails
 as ``parse`` does; built by ``parse``, the message names the full key (``train.checkpoint.keep_last``).
-A class may list keys it renamed or moved (``RENAMED = {"old": "new"}``, the new key relative to
-the block, or ``"/block.key"`` from the root): the old key then fails with a message naming it.
+A class may list keys it renamed (``RENAMED = {"old": "new"}``): the old key then fails with a
+message naming the new one. ``new`` is relative to the same block and may go deeper
+(``{"world_size": "launch.world_size"}``); one starting with "/" is a full key from the root of
+the parameters (``{"batch_size": "/train.batch_size_per_rank"}``), for a key that left its block.
 """
 
 from __future__ import annotations
@@ -124,8 +126,8 @@ def parse(cls: type[T], mapping: Mapping[str, Any] | None, prefix: str = "") -> 
     moved = [k for k in unknown if k in renamed]
     if moved:
         old = f"{prefix + '.' if prefix else ''}{moved[0]}"
-        to = renamed[moved[0]]  # relative to this block, or "/key" from the root
-        new = to[1:] if to.startswith("/") else f"{prefix + '.' if prefix else ''}{to}"
+        target = renamed[moved[0]]
+        new = target[1:] if target.startswith("/") else f"{prefix + '.' if prefix else ''}{target}"
         raise ConfigError(f"{old} is not allowed: it is now {new}")
     if unknown:
         raise ConfigError(

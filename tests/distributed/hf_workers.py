@@ -5,10 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from recscale.config import parse
+from recscale.distributed import LaunchConfig, WorkerContext, run_in_group, worker_entry
 from recscale.optim import HessianFree, all_reduce_sum, empirical_fisher_diagonal, shard
-from recscale.train import TrainConfig
-from recscale.train.launch import init_worker, worker_entry
 
 SCENARIOS = {
     "gn_cg": dict(curvature="gn", solver="cg", damping=0.5),
@@ -61,12 +59,10 @@ def run_steps(scenario: str, rank: int, world: int, reduce, steps: int = 4,
 @worker_entry
 def hf_parity_worker(runs: list[tuple[str, str]]) -> dict:
     """runs: (scenario, dtype name) pairs."""
-    import torch.distributed as dist
+    return run_in_group(LaunchConfig(collective_timeout_s=60), _hf_parity, runs)
 
-    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 60, "device": "cpu"}, "train"))
+
+def _hf_parity(ctx: WorkerContext, runs: list[tuple[str, str]]) -> dict:
     torch.set_num_threads(1)
-    try:
-        return {(s, d): run_steps(s, ctx.rank, ctx.world_size, all_reduce_sum(),
-                                  dtype=getattr(torch, d)) for s, d in runs}
-    finally:
-        dist.destroy_process_group()
+    return {(s, d): run_steps(s, ctx.rank, ctx.world_size, all_reduce_sum(),
+                              dtype=getattr(torch, d)) for s, d in runs}

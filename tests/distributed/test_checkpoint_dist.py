@@ -9,12 +9,12 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from recscale.config import parse
+from recscale.distributed import WorkerFailedError
 from recscale.model import ModelConfig
 from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
 from recscale.train import TrainConfig, train_dlrm
 from recscale.train.checkpoint import list_checkpoints, read_manifest
-from recscale.train.launch import WorkerFailedError
 from tests.distributed.workers import layout
 
 pytestmark = pytest.mark.dist

@@ -3,9 +3,7 @@
 import numpy as np
 import pytest
 
-from recscale.config import parse
-from recscale.train import TrainConfig
-from recscale.train.launch import launch
+from recscale.distributed import LaunchConfig, launch
 from tests.distributed import workers as W
 
 pytestmark = pytest.mark.dist
@@ -15,7 +13,7 @@ PRECISIONS = ["fp32", "fp16", "bf16", "fp8", "int8"]
 
 @pytest.fixture(scope="module")
 def cfg():
-    return parse(TrainConfig, {"world_size": 2, "collective_timeout_s": 60}, "train")
+    return LaunchConfig(world_size=2, collective_timeout_s=60)
 
 
 def test_encoded_all_to_all_values_and_gradients_stay_inside_the_codec_bounds(cfg):

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from recscale.config import parse
-from recscale.train import TrainConfig
-from recscale.train.launch import launch
+from recscale.distributed import LaunchConfig, launch
 from tests.distributed import hf_workers as W
 
 pytestmark = pytest.mark.dist
@@ -18,7 +17,7 @@ def test_two_ranks_take_the_same_steps_as_one():
     round differently and the Krylov solve amplifies it; the float64 runs show the algorithm
     itself is identical.)"""
     runs = [(s, "float64") for s in W.SCENARIOS] + [("gn_cg", "float32")]
-    res = launch(W.hf_parity_worker, (runs,), parse(TrainConfig, {"world_size": 2}, "train"))
+    res = launch(W.hf_parity_worker, (runs,), LaunchConfig(world_size=2))
     for s, d in runs:
         single = W.run_steps(s, 0, 1, None, dtype=getattr(torch, d))
         for rank in (0, 1):
@@ -45,10 +44,11 @@ def test_fit_with_two_workers_matches_one_worker(tmp_path):
                          read_idx(raw / "t10k-labels-idx1-ubyte.gz"), MnistConfig(max_examples=1000))
     net = NetConfig(hidden=(24, 16, 12))
     hf = HessianFreeConfig(damping=0.1, cg_max_iters=10)
-    cfg = dict(batch_size=800, curvature_batch_size=300, epochs=3, num_threads=1, progress="off",
-               dtype="float64")
+    cfg = dict(global_batch_size=800, curvature_batch_size=300, epochs=3, num_threads=1,
+               progress="off", dtype="float64")
     one = fit_hessian_free(data, net, hf, parse(FitConfig, cfg, "train"))
-    two = fit_hessian_free(data, net, hf, parse(FitConfig, {**cfg, "world_size": 2}, "train"))
+    two = fit_hessian_free(data, net, hf, parse(FitConfig, {**cfg, "launch": {"world_size": 2}},
+                                                "train"))
     assert two.world_size == 2 and two.summary["rank_param_spread"] == 0.0
     for k in one.state_dict:
         torch.testing.assert_close(two.state_dict[k], one.state_dict[k], rtol=1e-5, atol=1e-6)

@@ -7,11 +7,11 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from recscale.config import parse
+from recscale.distributed import LaunchConfig, WorkerFailedError, launch
 from recscale.model import ModelConfig
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
 from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
-from recscale.train.launch import WorkerFailedError, launch
 from tests.distributed import workers as W
 
 pytestmark = pytest.mark.dist
@@ -50,7 +50,7 @@ def test_pipelined_and_plain_training_give_identical_weights(parquet_dataset, tm
 
 
 def test_a_worker_exception_fails_the_run_with_its_traceback():
-    cfg = parse(TrainConfig, {"world_size": 2}, "train")
+    cfg = LaunchConfig(world_size=2)
     with pytest.raises(WorkerFailedError) as err:
         launch(W.failing_worker, (), cfg)
     msg = str(err.value)
@@ -59,7 +59,7 @@ def test_a_worker_exception_fails_the_run_with_its_traceback():
 
 
 def test_a_hung_collective_ends_in_an_error_not_a_stall():
-    cfg = parse(TrainConfig, {"world_size": 2, "collective_timeout_s": 3}, "train")
+    cfg = LaunchConfig(world_size=2, collective_timeout_s=3)
     t0 = time.perf_counter()
     with pytest.raises((WorkerFailedError, ChildFailedError)) as err:
         launch(W.hanging_worker, (), cfg)
@@ -70,7 +70,7 @@ def test_a_hung_collective_ends_in_an_error_not_a_stall():
 def test_embedding_memory_after_construction_is_within_10pct_of_the_plan():
     tables = [TableSpec(f"t{i}", 100_000, 16, feature_names=(f"f{i}",)) for i in range(8)]
     plan = plan_sharding(tables, Topology.preset("cpu-local", world_size=2), 2048)
-    cfg = parse(TrainConfig, {"world_size": 2}, "train")
+    cfg = LaunchConfig(world_size=2)
     res = launch(W.memory_worker, (plan.to_dict(),), cfg)
     for rank, r in res.items():
         assert abs(r["measured"] - r["planned"]) <= 0.10 * r["planned"], (rank, r)

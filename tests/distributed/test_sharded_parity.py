@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from recscale.config import parse
+from recscale.distributed import LaunchConfig, launch
 from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
 from recscale.model import DLRM, ModelConfig
 from recscale.train import TrainConfig, TrainStep
-from recscale.train.launch import launch
 from recscale.train.loop import make_dense_optimizer
 from tests.distributed import workers as W
 
@@ -37,7 +37,7 @@ def steps():
 
 @pytest.fixture(scope="module")
 def distributed(steps):
-    cfg = parse(TrainConfig, {"world_size": 2, "collective_timeout_s": 60}, "train")
+    cfg = LaunchConfig(world_size=2, collective_timeout_s=60)
     results = launch(W.parity_worker, (scenarios(), steps), cfg)
     return results[0]
 

@@ -4,9 +4,7 @@ with every shard in the compute tier (pipelined, with the next batch prefetched)
 import numpy as np
 import pytest
 
-from recscale.config import parse
-from recscale.train import TrainConfig
-from recscale.train.launch import launch
+from recscale.distributed import LaunchConfig, launch
 from tests.distributed import tier_workers as TW
 
 pytestmark = pytest.mark.dist
@@ -16,7 +14,7 @@ OPTS = ["exact_sgd", "exact_rowwise_adagrad"]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    cfg = parse(TrainConfig, {"world_size": 2, "collective_timeout_s": 60}, "train")
+    cfg = LaunchConfig(world_size=2, collective_timeout_s=60)
     scratch = str(tmp_path_factory.mktemp("tiers"))
     return launch(TW.tiered_parity_worker, (OPTS, TW.make_batches(6), scratch), cfg)[0]
 

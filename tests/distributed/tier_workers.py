@@ -6,15 +6,15 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from recscale.train.launch import init_worker, worker_entry
 
 from recscale.comm.collectives import CommStats
 from recscale.config import parse
+from recscale.distributed import LaunchConfig, WorkerContext, run_in_group, worker_entry
 from recscale.model import ModelConfig
 from recscale.sharding import ShardingPlan, TableSpec, Topology, plan_sharding
 from recscale.train import TrainConfig
-from recscale.train.loop import make_dense_optimizer
-from recscale.train.sharded import ShardedStep, build_sharded_model
+from recscale.train.runtime import build_sharded_model
+from recscale.train.step import ShardedStep, make_dense_optimizer
 from tests.distributed import workers as W
 
 ROWS = (400, 250, 640, 330)
@@ -62,48 +62,51 @@ def make_plan(tiered: bool) -> ShardingPlan:
 def tiered_parity_worker(optimizers: list[str], steps: list[list[dict]], scratch: str) -> dict:
     """Per optimizer and plan (all-HBM, tiered): tables, dense weights and tier counters after
     pipelined training (the next batch's input dist started and prefetched every step)."""
+    return run_in_group(LaunchConfig(collective_timeout_s=60), _tiered_parity, optimizers, steps,
+                        scratch, device="auto")
+
+
+def _tiered_parity(ctx: WorkerContext, optimizers: list[str], steps: list[list[dict]],
+                   scratch: str) -> dict:
     import torch.distributed as dist
 
     out = {}
-    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 60}, "train"))
-    try:
-        for opt in optimizers:
-            for tiered in (False, True):
-                tcfg = parse(TrainConfig, {
-                    "embedding_optimizer": {"name": opt, "learning_rate": 0.2},
-                    "dense_optimizer": {"name": "sgd", "learning_rate": 0.1}, "seed": 3,
-                    "tiers": {"policy": "lfu" if opt == "exact_sgd" else "lru",
-                              "min_cache_rows": 1, "scratch_dir": scratch}}, "train")
-                model = build_sharded_model(ctx, make_plan(tiered), parse(ModelConfig, W.MODEL, "model"),
-                                            tcfg, CommStats(), feature_names=W.FEATURES,
-                                            num_dense=W.NUM_DENSE)
-                emb = model.embeddings
-                step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
-                                                               tcfg.dense_optimizer), ctx.world_size)
-                batches = [W.to_batch(parts[ctx.rank]) for parts in steps]
-                started = emb.start(batches[0].sparse)
-                for i, batch in enumerate(batches):
-                    nxt = None
-                    if i + 1 < len(batches):
-                        nxt = emb.start(batches[i + 1].sparse)
-                        emb.prefetch(nxt)
-                    step(batch, started)
-                    started = nxt
-                stats = [None] * ctx.world_size
-                dist.all_gather_object(stats, emb.tier_stats())
-                mem = [None] * ctx.world_size
-                dist.all_gather_object(mem, emb.memory_bytes()["fast"])
-                tables = emb.full_tables(dst=0)
-                if ctx.rank == 0:
-                    out[(opt, tiered)] = {
-                        "tables": [t.numpy() for t in tables[0]],
-                        "states": [[x.numpy() for x in st] for st in tables[1]],
-                        "dense": {k: v.detach().numpy()
-                                  for k, v in model.dense.state_dict().items()},
-                        "stats": stats, "embedding_bytes": mem,
-                        "local_kinds": type(emb.local).__name__,
-                    }
-                emb.close()
-    finally:
-        dist.destroy_process_group()
+    for opt in optimizers:
+        for tiered in (False, True):
+            tcfg = parse(TrainConfig, {
+                "embedding_optimizer": {"name": opt, "learning_rate": 0.2},
+                "dense_optimizer": {"name": "sgd", "learning_rate": 0.1}, "seed": 3,
+                "tiers": {"policy": "lfu" if opt == "exact_sgd" else "lru",
+                          "min_cache_rows": 1, "scratch_dir": scratch}}, "train")
+            model = build_sharded_model(ctx, make_plan(tiered), parse(ModelConfig, W.MODEL, "model"),
+                                        tcfg, CommStats(), feature_names=W.FEATURES,
+                                        num_dense=W.NUM_DENSE)
+            emb = model.embeddings
+            step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
+                                                           tcfg.dense_optimizer), ctx.world_size)
+            batches = [W.to_batch(parts[ctx.rank]) for parts in steps]
+            started = emb.start(batches[0].sparse)
+            for i, batch in enumerate(batches):
+                nxt = None
+                if i + 1 < len(batches):
+                    nxt = emb.start(batches[i + 1].sparse)
+                    emb.prefetch(nxt)
+                step(batch, started)
+                started = nxt
+            stats = [None] * ctx.world_size
+            dist.all_gather_object(stats, emb.tier_stats())
+            mem = [None] * ctx.world_size
+            dist.all_gather_object(mem, emb.memory_bytes()["fast"])
+            tables = emb.full_tables(dst=0)
+            if ctx.rank == 0:
+                out[(opt, tiered)] = {
+                    "tables": [t.numpy() for t in tables[0]],
+                    "states": [[x.numpy() for x in st] for st in tables[1]],
+                    "dense": {k: v.detach().numpy()
+                              for k, v in model.dense.state_dict().items()},
+                    "stats": stats, "embedding_bytes": mem,
+                    "local_kinds": type(emb.local).__name__,
+                }
+            if hasattr(emb.local, "close"):
+                emb.local.close()
     return out

@@ -6,16 +6,16 @@ import dataclasses
 
 import numpy as np
 import torch
-from recscale.train.launch import init_worker, worker_entry
 
 from recscale.comm.collectives import CommStats
 from recscale.config import parse
 from recscale.data.batch import Batch, SparseFeatures
+from recscale.distributed import LaunchConfig, WorkerContext, run_in_group, worker_entry
 from recscale.model import ModelConfig
 from recscale.sharding import ShardingPlan, ShardSpec, TableSpec, Topology, plan_sharding
 from recscale.train import TrainConfig
-from recscale.train.loop import make_dense_optimizer
-from recscale.train.sharded import ShardedStep, build_sharded_model
+from recscale.train.runtime import build_sharded_model
+from recscale.train.step import ShardedStep, make_dense_optimizer
 
 ROWS = (40, 25, 64, 33)
 DIM = 8
@@ -97,79 +97,81 @@ def make_plan(kinds: list[str], dim: int = DIM) -> ShardingPlan:
 def parity_worker(scenarios: list[dict], steps: list[list[dict]]) -> dict:
     """For each scenario (kinds per table, embedding optimizer): the pooled output of the first
     batch and, after training on every step, the full tables and dense weights (rank 0)."""
+    return run_in_group(LaunchConfig(collective_timeout_s=60), _parity, scenarios, steps,
+                        device="auto")
+
+
+def _parity(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dict]]) -> dict:
     import torch.distributed as dist
 
     out = {}
-    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 60}, "train"))
-    try:
-        for sc in scenarios:
-            tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": sc["optimizer"],
-                                                               "learning_rate": 0.2},
-                                       "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
-                                       "seed": 3}, "train")
-            stats = CommStats()
-            model = build_sharded_model(ctx, make_plan(sc["kinds"]), parse(ModelConfig, MODEL, "model"),
-                                        tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
-            first = to_batch(steps[0][ctx.rank])
-            with torch.no_grad():
-                pooled = model.embeddings(first.sparse)
-            gathered = [None] * ctx.world_size
-            dist.all_gather_object(gathered, pooled.numpy())
-            step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
-                                                           tcfg.dense_optimizer), ctx.world_size)
-            for parts in steps:
-                step(to_batch(parts[ctx.rank]))
-            tables = model.embeddings.full_tables(dst=0)
-            if ctx.rank == 0:
-                out[sc["name"]] = {
-                    "pooled": np.concatenate(gathered),
-                    "tables": [t.numpy() for t in tables[0]],
-                    "dense": {k: v.detach().numpy() for k, v in model.dense.state_dict().items()},
-                    "bytes": stats.snapshot(),
-                }
-    finally:
-        dist.destroy_process_group()
+    for sc in scenarios:
+        tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": sc["optimizer"],
+                                                           "learning_rate": 0.2},
+                                   "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
+                                   "seed": 3}, "train")
+        stats = CommStats()
+        model = build_sharded_model(ctx, make_plan(sc["kinds"]), parse(ModelConfig, MODEL, "model"),
+                                    tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
+        first = to_batch(steps[0][ctx.rank])
+        with torch.no_grad():
+            pooled = model.embeddings(first.sparse)
+        gathered = [None] * ctx.world_size
+        dist.all_gather_object(gathered, pooled.numpy())
+        step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
+                                                       tcfg.dense_optimizer), ctx.world_size)
+        for parts in steps:
+            step(to_batch(parts[ctx.rank]))
+        tables = model.embeddings.full_tables(dst=0)
+        if ctx.rank == 0:
+            out[sc["name"]] = {
+                "pooled": np.concatenate(gathered),
+                "tables": [t.numpy() for t in tables[0]],
+                "dense": {k: v.detach().numpy() for k, v in model.dense.state_dict().items()},
+                "bytes": stats.snapshot(),
+            }
     return out
 
 
 @worker_entry
 def memory_worker(plan_d: dict) -> dict:
     """Embedding bytes held after construction vs the planner's estimate for this rank."""
-    import torch.distributed as dist
+    return run_in_group(LaunchConfig(), _memory, plan_d, device="auto")
 
-    ctx = init_worker(parse(TrainConfig, {}, "train"))
-    try:
-        plan = ShardingPlan.from_dict(plan_d)
-        model = build_sharded_model(ctx, plan, parse(ModelConfig, {}, "model"),
-                                    parse(TrainConfig, {}, "train"), CommStats(),
-                                    feature_names=tuple(t.feature_names[0] for t in plan.tables))
-        return {"measured": model.embeddings.memory_bytes()["fast"],
-                "planned": plan.ranks[ctx.rank].memory(plan.topology.compute_tier)}
-    finally:
-        dist.destroy_process_group()
+
+def _memory(ctx: WorkerContext, plan_d: dict) -> dict:
+    plan = ShardingPlan.from_dict(plan_d)
+    model = build_sharded_model(ctx, plan, parse(ModelConfig, {}, "model"),
+                                parse(TrainConfig, {}, "train"), CommStats(),
+                                feature_names=tuple(t.feature_names[0] for t in plan.tables))
+    return {"measured": model.embeddings.memory_bytes()["fast"],
+            "planned": plan.ranks[ctx.rank].memory(plan.topology.compute_tier)}
 
 
 @worker_entry
 def failing_worker() -> None:
+    return run_in_group(LaunchConfig(), _failing, device="auto")
+
+
+def _failing(ctx: WorkerContext) -> None:
     import torch.distributed as dist
 
-    ctx = init_worker(parse(TrainConfig, {}, "train"))
-    try:
-        if ctx.rank == 1:
-            raise ValueError("boom from rank 1")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    if ctx.rank == 1:
+        raise ValueError("boom from rank 1")
+    dist.barrier()
 
 
 @worker_entry
 def hanging_worker() -> None:
     """Rank 1 never joins the collective; rank 0 must fail after the timeout, not hang."""
+    return run_in_group(LaunchConfig(collective_timeout_s=3), _hanging, device="auto")
+
+
+def _hanging(ctx: WorkerContext) -> None:
     import time
 
     import torch.distributed as dist
 
-    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 3}, "train"))
     if ctx.rank == 1:
         time.sleep(120)
     dist.all_reduce(torch.ones(1), group=ctx.sparse_group)
@@ -178,41 +180,39 @@ def hanging_worker() -> None:
 @worker_entry
 def encoded_a2a_worker(pairs: list[tuple[str, str]]) -> dict:
     """Forward values and input gradients of an encoded all-to-all vs the fp32 one."""
-    import torch.distributed as dist
+    return run_in_group(LaunchConfig(), _encoded_a2a, pairs, device="auto")
 
+
+def _encoded_a2a(ctx: WorkerContext, pairs: list[tuple[str, str]]) -> dict:
     from recscale.comm import encoded_all_to_all, get_codec
 
-    ctx = init_worker(parse(TrainConfig, {}, "train"))
     out = {}
-    try:
-        cols = 48
-        send = [(3, cols), (5, cols)] if ctx.rank == 0 else [(4, cols), (2, cols)]
-        recv = [(send_of(src, ctx.rank), cols) for src in range(2)]
-        g = torch.Generator().manual_seed(10 + ctx.rank)
-        n = sum(r for r, _ in send) * cols
-        x = torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))
-        w = torch.randn(sum(r for r, _ in recv) * cols, generator=g)
-        fp32 = get_codec("fp32")
-        ref_x = x.clone().requires_grad_(True)
-        ref_y = encoded_all_to_all(ref_x, send, recv, fp32, fp32, ctx.sparse_group)
-        (ref_y * w).sum().backward()
-        for fwd, bwd in pairs:
-            xx = x.clone().requires_grad_(True)
-            scale = 1024.0 if bwd == "fp16" else 1.0
-            y = encoded_all_to_all(xx, send, recv, get_codec(fwd), get_codec(bwd),
-                                   ctx.sparse_group, backward_scale=scale)
-            (y * w).sum().backward()
-            fwd_bound = _blockwise_bound(get_codec(fwd), ref_y.detach(), recv)
-            # the gradient of x is w as the peers encoded it: bound from their w, i.e. the
-            # exact gradient (ref_x.grad), block by block
-            bwd_bound = _blockwise_bound(get_codec(bwd), ref_x.grad, send, scale)
-            out[f"{fwd}/{bwd}"] = {
-                "fwd_excess": float(((y.detach() - ref_y.detach()).abs() - fwd_bound).max()),
-                "bwd_excess": float(((xx.grad - ref_x.grad).abs() - bwd_bound).max()),
-                "bwd_err": float((xx.grad - ref_x.grad).abs().max()),
-            }
-    finally:
-        dist.destroy_process_group()
+    cols = 48
+    send = [(3, cols), (5, cols)] if ctx.rank == 0 else [(4, cols), (2, cols)]
+    recv = [(send_of(src, ctx.rank), cols) for src in range(2)]
+    g = torch.Generator().manual_seed(10 + ctx.rank)
+    n = sum(r for r, _ in send) * cols
+    x = torch.randn(n, generator=g) * torch.exp(torch.randn(n, generator=g))
+    w = torch.randn(sum(r for r, _ in recv) * cols, generator=g)
+    fp32 = get_codec("fp32")
+    ref_x = x.clone().requires_grad_(True)
+    ref_y = encoded_all_to_all(ref_x, send, recv, fp32, fp32, ctx.sparse_group)
+    (ref_y * w).sum().backward()
+    for fwd, bwd in pairs:
+        xx = x.clone().requires_grad_(True)
+        scale = 1024.0 if bwd == "fp16" else 1.0
+        y = encoded_all_to_all(xx, send, recv, get_codec(fwd), get_codec(bwd),
+                               ctx.sparse_group, backward_scale=scale)
+        (y * w).sum().backward()
+        fwd_bound = _blockwise_bound(get_codec(fwd), ref_y.detach(), recv)
+        # the gradient of x is w as the peers encoded it: bound from their w, i.e. the
+        # exact gradient (ref_x.grad), block by block
+        bwd_bound = _blockwise_bound(get_codec(bwd), ref_x.grad, send, scale)
+        out[f"{fwd}/{bwd}"] = {
+            "fwd_excess": float(((y.detach() - ref_y.detach()).abs() - fwd_bound).max()),
+            "bwd_excess": float(((xx.grad - ref_x.grad).abs() - bwd_bound).max()),
+            "bwd_err": float((xx.grad - ref_x.grad).abs().max()),
+        }
     return out
 
 
@@ -233,33 +233,30 @@ def _blockwise_bound(codec, flat, shapes, scale: float = 1.0):
 @worker_entry
 def codec_training_worker(precisions: list[str], steps: list[list[dict]]) -> dict:
     """Train a mixed 64-dim plan a few steps with each wire precision; losses and bytes."""
-    import torch.distributed as dist
+    return run_in_group(LaunchConfig(collective_timeout_s=60), _codec_training, precisions, steps,
+                        device="auto")
 
+
+def _codec_training(ctx: WorkerContext, precisions: list[str], steps: list[list[dict]]) -> dict:
     from recscale.comm import CommsConfig
 
-    ctx = init_worker(parse(TrainConfig, {"collective_timeout_s": 60}, "train"))
     out = {}
     dim = 64
     model_cfg = parse(ModelConfig, {"embedding_dim": dim, "bottom_mlp": [32, dim],
                                     "top_mlp": [32, 1]}, "model")
-    try:
-        for p in precisions:
-            comms = CommsConfig(forward=p, backward=p,
-                                dense_allreduce=p if p in ("fp32", "fp16", "bf16") else "bf16")
-            tcfg = dataclasses.replace(
-                parse(TrainConfig, {"embedding_optimizer": {"name": "exact_rowwise_adagrad",
-                                                            "learning_rate": 0.1}}, "train"),
-                comms=comms)
-            stats = CommStats()
-            model = build_sharded_model(
-                ctx, make_plan(["data_parallel", "row_wise", "table_wise", "table_wise"], dim),
-                model_cfg, tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
-            step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
-                                                           tcfg.dense_optimizer), ctx.world_size)
-            losses = [step(to_batch(parts[ctx.rank]))[0] for parts in steps]
-            params_finite = all(torch.isfinite(q).all() for q in model.dense_parameters())
-            out[p] = {"losses": losses, "finite": params_finite,
-                      "bytes": {k: v["bytes"] for k, v in stats.snapshot().items()}}
-    finally:
-        dist.destroy_process_group()
+    for p in precisions:
+        comms = CommsConfig(forward=p, backward=p,
+                            dense_allreduce=p if p in ("fp32", "fp16", "bf16") else "bf16")
+        tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": "exact_rowwise_adagrad",
+                                                           "learning_rate": 0.1}}, "train")
+        stats = CommStats()
+        model = build_sharded_model(
+            ctx, make_plan(["data_parallel", "row_wise", "table_wise", "table_wise"], dim),
+            model_cfg, tcfg, stats, comms, feature_names=FEATURES, num_dense=NUM_DENSE)
+        step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
+                                                       tcfg.dense_optimizer), ctx.world_size)
+        losses = [step(to_batch(parts[ctx.rank]))[0] for parts in steps]
+        params_finite = all(torch.isfinite(q).all() for q in model.dense_parameters())
+        out[p] = {"losses": losses, "finite": params_finite,
+                  "bytes": {k: v["bytes"] for k, v in stats.snapshot().items()}}
     return out

@@ -25,7 +25,7 @@ def test_hf_pipeline_logs_histories_diagnostics_and_the_comparison_chart(finishe
     assert len(runs) == 1
     run = runs.iloc[0]
     client = mlflow.MlflowClient()
-    assert run["params.hf.train.batch_size"] == "1600"
+    assert run["params.hf.train.global_batch_size"] == "1600"
     assert run["params.hf.optimizer.curvature"] == "gn"
     assert run["tags.kedro.env"] == "test"
     assert run["metrics.mnist.data.train_examples"] == 1600

@@ -1,6 +1,5 @@
 """The hf / hf_speech nodes and the trainer behind them, on tiny data (no Kedro session)."""
 
-import numpy as np
 import pytest
 import yaml
 
@@ -30,13 +29,13 @@ def _params(key):
 def mnist_splits():
     images = read_idx(RAW / "mnist" / "t10k-images-idx3-ubyte.gz")
     labels = read_idx(RAW / "mnist" / "t10k-labels-idx1-ubyte.gz")
-    splits, metrics = N.preprocess_mnist(images, labels, _params("hf"))
+    splits, metrics = N.preprocess_mnist(images, labels, N.parse_mnist_job(_params("hf")))
     assert metrics["data.train_examples"]["value"] == 1600
     return splits
 
 
 def test_mnist_nodes_train_hf_and_baselines_and_compare(mnist_splits):
-    p = _params("hf")
+    p = N.parse_mnist_job(_params("hf"))
     fit, state, history, summary = N.train_hessian_free(mnist_splits, p)
     assert set(state) == {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias",
                           "6.weight", "6.bias"}  # 4 linear layers
@@ -65,26 +64,41 @@ def test_mnist_nodes_train_hf_and_baselines_and_compare(mnist_splits):
 
 
 def test_speech_nodes_run_on_frames():
-    p = _params("hf_speech")
+    p = N.parse_speech_job(_params("hf_speech"))
     frames = load_frame_features(RAW / "fsdd_mfcc" / "digits.npz")
     splits, metrics = N.preprocess_speech(frames, p)
     assert metrics["data.input_dim"]["value"] == 143 and metrics["data.recordings"]["value"] == 300
-    fit, _, history, _ = N.train_hessian_free(splits, p, key="hf_speech")
+    fit, _, history, _ = N.train_hessian_free(splits, p)
     assert history["hf.val_error"][-1]["value"] < history["hf.val_error"][0]["value"]
 
 
 def test_a_bad_parameter_names_the_key(mnist_splits):
     p = _params("hf")
-    bad = {**p, "train": {**p["train"], "batch_size": 0}}
-    with pytest.raises(ConfigError, match=r"hf.train.batch_size=0 is not allowed: expected a positive"):
-        N.train_hessian_free(mnist_splits, bad)
+    bad = {**p, "train": {**p["train"], "global_batch_size": 0}}
+    with pytest.raises(ConfigError, match=r"hf.train.global_batch_size=0 is not allowed: expected a positive"):
+        N.parse_mnist_job(bad)
     bad = {**p, "optimizer": {**p["optimizer"], "solver": "gmres"}}
     with pytest.raises(ConfigError, match=r"hf.optimizer.solver='gmres' is not allowed: expected one of 'cg', 'bicgstab'"):
-        N.preprocess_mnist(np.zeros((20, 2, 2), np.uint8), np.zeros(20, np.uint8), bad)
+        N.parse_mnist_job(bad)
     bad = {**p, "baselines": {**p["baselines"], "optimizers": ["sgd", "rmsprop"]}}
     with pytest.raises(ConfigError, match=r"hf.baselines.optimizers\[1\]='rmsprop' is not allowed"):
-        N.train_baselines(mnist_splits, bad)
+        N.parse_mnist_job(bad)
     with pytest.raises(ConfigError, match=r"unknown key hf.trian"):
-        N.train_baselines(mnist_splits, {**p, "trian": {}})
+        N.parse_mnist_job({**p, "trian": {}})
     with pytest.raises(ConfigError, match=r"hf_speech.data.context=60 is not allowed"):
-        N.preprocess_speech(None, {"data": {"context": 60}}, key="hf_speech")
+        N.parse_speech_job({"data": {"context": 60}}, key="hf_speech")
+
+
+def test_renamed_keys_fail_with_their_new_name():
+    p = _params("hf")
+    renamed = [("train", "batch_size", "hf.train.global_batch_size"),
+               ("train", "world_size", "hf.train.launch.world_size"),
+               ("train", "collective_timeout_s", "hf.train.launch.collective_timeout_s"),
+               ("baselines", "batch_size", "hf.baselines.global_batch_size")]
+    for block, old, new in renamed:
+        bad = {**p, block: {**p[block], old: 2}}
+        with pytest.raises(ConfigError, match=rf"hf.{block}.{old} is not allowed: it is now {new}$"):
+            N.parse_mnist_job(bad)
+    bad = {**p, "train": {**p["train"], "launch": {"world_size": 2, "nnodes": 3}}}
+    with pytest.raises(ConfigError, match=r"hf.train.launch.nnodes=3 is not allowed"):
+        N.parse_mnist_job(bad)

@@ -1,15 +1,38 @@
-"""Starting and joining groups of workers on torch.distributed (used by DLRM and HF training)."""
+"""Distributed runtime shared by DLRM and Hessian-free training: launch workers, join the group,
+leave it safely.
 
-from recscale.distributed.launch import (
-    LaunchConfig,
+Uses torch.distributed and torch.distributed.elastic only; imports no other recscale package
+but ``recscale.config``. ``launch`` starts ``LaunchConfig.world_size`` workers (or runs as the
+rank torchrun made); a worker function is decorated with ``worker_entry`` and runs its work
+through ``run_in_group`` (join, work, free models, final barrier, destroy: the order that cannot
+deadlock); every wait has a deadline and ends in an error naming the rank that did not answer.
+"""
+
+from recscale.distributed.config import LaunchConfig
+from recscale.distributed.launch import RankExitTimeoutError, WorkerFailedError, launch, root_cause
+from recscale.distributed.worker import (
+    LaunchAbortedError,
     WorkerContext,
-    WorkerFailedError,
+    WorkerTeardownError,
     in_torchrun,
     init_worker,
-    launch,
+    run_in_group,
     set_threads,
     worker_entry,
 )
 
-__all__ = ["LaunchConfig", "WorkerContext", "WorkerFailedError", "in_torchrun", "init_worker",
-           "launch", "set_threads", "worker_entry"]
+__all__ = [
+    "LaunchAbortedError",
+    "LaunchConfig",
+    "RankExitTimeoutError",
+    "WorkerContext",
+    "WorkerFailedError",
+    "WorkerTeardownError",
+    "in_torchrun",
+    "init_worker",
+    "launch",
+    "root_cause",
+    "run_in_group",
+    "set_threads",
+    "worker_entry",
+]

@@ -1,120 +1,60 @@
-"""Start training workers with torch.distributed.elastic, or run as a rank torchrun started.
+"""Start workers with torch.distributed.elastic, or run as a rank torchrun started.
 
 ``launch(fn, args, cfg)`` returns {rank: fn's return value} for this host's workers. A worker's
 exception fails the whole group, and the error raised here carries that worker's traceback.
-Collectives time out after ``train.collective_timeout_s``: a hang ends in an error, not a stall.
+Nothing waits forever: collectives time out after ``collective_timeout_s``, and an exit watch
+ends a rank that is still running ``exit_timeout_s`` after the last rank finished (whatever it
+is stuck in, GIL held or not) and fails the launch naming it, with its Python stack.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import os
+import shutil
+import signal
+import tempfile
+import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-import torch
-import torch.distributed as dist
+from recscale.distributed import markers
+from recscale.distributed.config import LaunchConfig
+from recscale.distributed.worker import in_torchrun
 
-from recscale.config import Validated, check
-
-
-@dataclass(frozen=True)
-class LaunchConfig(Validated):
-    """How many workers, on how many hosts, and the deadlines of their waits (``train.launch``)."""
-
-    world_size: int = 1
-    nnodes: int = 1
-    rdzv_endpoint: str = "127.0.0.1:0"
-    max_restarts: int = 0
-    collective_timeout_s: float = 300.0
-    exit_timeout_s: float = 60.0
-
-    def validate(self, prefix: str = "train.launch") -> None:
-        check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
-        check(self.nnodes >= 1 and self.world_size % self.nnodes == 0, f"{prefix}.nnodes",
-              self.nnodes, f"a divisor of {prefix}.world_size={self.world_size}")
-        check(":" in self.rdzv_endpoint, f"{prefix}.rdzv_endpoint", self.rdzv_endpoint, "host:port")
-        check(self.max_restarts >= 0, f"{prefix}.max_restarts", self.max_restarts, ">= 0")
-        check(self.collective_timeout_s > 0, f"{prefix}.collective_timeout_s",
-              self.collective_timeout_s, "> 0")
-        check(self.exit_timeout_s > 0, f"{prefix}.exit_timeout_s", self.exit_timeout_s, "> 0")
-
-
-def set_threads(num_threads: int | None, local_world_size: int = 1) -> int:
-    n = num_threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
-    torch.set_num_threads(n)
-    return n
-
-
-def in_torchrun() -> bool:
-    """True when this process is already one rank of a group (torchrun / an elastic agent)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+# errors a rank gets because a peer failed or went away (never the root cause while another is known)
+_COMM_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "gloo/transport",
+                "NCCL error", "ProcessGroup", "monitoredBarrier", "LaunchAbortedError")
 
 
 class WorkerFailedError(RuntimeError):
-    """A training worker raised; the message holds the first failing rank's traceback."""
+    """A worker failed; the message holds the first failing rank's traceback."""
 
 
-_ERROR_DIR = "RECSCALE_WORKER_ERROR_DIR"
-_COMM_ERRORS = ("Connection reset", "Connection closed", "Broken pipe", "gloo/transport",
-                "NCCL error", "ProcessGroup")
+class RankExitTimeoutError(WorkerFailedError):
+    """A rank did not exit within ``exit_timeout_s`` after the last rank finished; the launcher
+    ended it. ``ranks`` are the ranks it ended; the message says where each one was."""
 
-
-def worker_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a worker function: an exception is written (rank, time, traceback) where the
-    launcher reads it, so the root cause is reported, not the peers' 'connection reset'."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as exc:
-            where = os.environ.get(_ERROR_DIR)
-            if where:
-                rank = os.environ.get("RANK", "?")
-                with open(os.path.join(where, f"rank{rank}.json"), "w") as fh:
-                    json.dump({"rank": rank, "time": time.time(), "error": f"{type(exc).__name__}: {exc}",
-                               "traceback": traceback.format_exc()}, fh)
-            raise
-
-    return wrapper
-
-
-def _root_cause(error_dir: str) -> str | None:
-    reports = []
-    for name in os.listdir(error_dir):
-        with open(os.path.join(error_dir, name)) as fh:
-            reports.append(json.load(fh))
-    if not reports:
-        return None
-    # a peer's failure makes the others fail in their next collective; the root cause is the
-    # earliest error that is not such a communication error
-    reports.sort(key=lambda r: (any(m in r["error"] for m in _COMM_ERRORS), r["time"]))
-    first = reports[0]
-    msg = f"worker rank {first['rank']} failed first: {first['error']}\n{first['traceback']}"
-    for r in reports[1:]:
-        msg += f"\n(then rank {r['rank']}: {r['error'][:300]})"
-    return msg
+    def __init__(self, message: str, ranks: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.ranks = ranks
 
 
 def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, Any]:
+    """Run ``fn(*args)`` on ``cfg.world_size`` ranks (``cfg.nproc_per_node`` on this host);
+    under torchrun, run it in this process as the rank torchrun made."""
     if in_torchrun():
         return {int(os.environ["RANK"]): fn(*args)}
-    import tempfile
-
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
+    from torch.distributed.launcher.api import elastic_launch
 
-    lc = LaunchConfig(
+    lc = ElasticConfig(
         min_nodes=cfg.nnodes,
         max_nodes=cfg.nnodes,
-        nproc_per_node=cfg.world_size // cfg.nnodes,
+        nproc_per_node=cfg.nproc_per_node,
         run_id=f"recscale-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint=cfg.rdzv_endpoint,
@@ -124,61 +64,155 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
         # error files let a worker's traceback reach the exception raised here
         logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="recscale-elastic-")),
     )
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    error_dir = tempfile.mkdtemp(prefix="recscale-errors-")
-    previous = os.environ.get(_ERROR_DIR)
-    os.environ[_ERROR_DIR] = error_dir  # spawned workers inherit it
+    where = tempfile.mkdtemp(prefix="recscale-launch-")
+    previous = os.environ.get(markers.ENV)
+    os.environ[markers.ENV] = where  # spawned workers inherit it
+    watch = ExitWatch(where, cfg.exit_timeout_s)
+    watch.start()
     try:
-        return elastic_launch(lc, fn)(*args)
-    except ChildFailedError as exc:
-        cause = _root_cause(error_dir)
-        if cause is None:
-            raise
-        raise WorkerFailedError(cause) from exc
+        try:
+            results = elastic_launch(lc, fn)(*args)
+        except ChildFailedError as exc:
+            failure = _failure(where, watch)
+            if failure is None:
+                raise
+            raise failure from exc
+        failure = _failure(where, watch)
+        if failure is not None:  # the watch ended a rank that had returned its result
+            raise failure
+        return results
     finally:
+        watch.stop()
         if previous is None:
-            os.environ.pop(_ERROR_DIR, None)
+            os.environ.pop(markers.ENV, None)
         else:
-            os.environ[_ERROR_DIR] = previous
+            os.environ[markers.ENV] = previous
+        shutil.rmtree(where, ignore_errors=True)
 
 
-@dataclass
-class WorkerContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    device: torch.device
-    backend: str
-    sparse_group: Any  # process group for the embedding collectives (DDP uses the default one)
+def _failure(where: str, watch: ExitWatch) -> WorkerFailedError | None:
+    watch.stop()
+    cause = root_cause(where)
+    if watch.verdict is None:
+        return WorkerFailedError(cause) if cause else None
+    if cause:  # a worker's own error is the root cause; the stuck rank came after it
+        return WorkerFailedError(f"{cause}\n(then the launcher ended a rank: {watch.verdict})")
+    return RankExitTimeoutError(watch.verdict, watch.ended)
 
 
-def init_worker(cfg: LaunchConfig, device: str = "cpu") -> WorkerContext:
-    """Join the process group the launcher prepared (env://) and pick device and backend."""
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    backend = "nccl" if use_cuda else "gloo"
-    timeout = timedelta(seconds=cfg.collective_timeout_s)
-    if not dist.is_initialized():
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # The elastic agent's store outlives a restart of the worker group; without a
-            # per-attempt prefix the restarted ranks read the dead ranks' gloo addresses
-            # ("connectFullMesh ... Connection refused").
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            store = dist.PrefixStore(f"recscale/attempt{attempt}", dist.TCPStore(
-                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                timeout=timeout))
-            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
-        else:
-            dist.init_process_group(backend, init_method="env://", timeout=timeout)
-    sparse_group = dist.new_group(backend=backend, timeout=timeout)
-    return WorkerContext(
-        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank,
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
-        device=device, backend=backend, sparse_group=sparse_group,
-    )
+def root_cause(where: str) -> str | None:
+    """The first worker error of a launch, or None. A peer's failure makes the others fail in
+    their next collective; the root cause is the earliest error that is not such a
+    communication error (restarted workers that found the launch ended do not count)."""
+    reports = [r for r in markers.read_all(where, "error") if not r.get("aborted")]
+    if not reports:
+        return None
+    reports.sort(key=lambda r: (any(m in r["error"] for m in _COMM_ERRORS), r["time"]))
+    first = reports[0]
+    msg = f"worker rank {first['rank']} failed first: {first['error']}\n{first['traceback']}"
+    for r in reports[1:]:
+        msg += f"\n(then rank {r['rank']}: {r['error'][:300]})"
+    return msg
+
+
+class ExitWatch(threading.Thread):
+    """Watches one launch's workers from the launcher process (a thread, so it works whatever
+    a worker is stuck in). Once a rank of the current elastic attempt has finished (returned or
+    raised), every rank of that attempt must have exited within ``timeout_s`` of the last one
+    to finish. A rank still running then is ended: its Python stacks are dumped (SIGUSR1), the
+    verdict is written where restarted workers find it (so the agent's restarts end at once
+    instead of running the job again), and it is SIGKILLed, which makes the elastic agent
+    stop the group and ``launch`` raise. Ranks still inside the worker function are the stuck
+    ones; ranks that finished and only wait for them are left to the agent."""
+
+    def __init__(self, where: str, timeout_s: float, interval_s: float = 0.2):
+        super().__init__(name="recscale-exit-watch", daemon=True)
+        self.where, self.timeout_s, self.interval_s = where, timeout_s, interval_s
+        self.verdict: str | None = None
+        self.ended: tuple[int, ...] = ()
+        self._stop_event = threading.Event()
+        self._judged: set[int] = set()  # attempts already ended
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=10)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                self._check()
+            except OSError:  # the launch directory went away: the launch is over
+                return
+
+    def _check(self) -> None:
+        starts = markers.read_all(self.where, "start")
+        if not starts:
+            return
+        attempt = max(s["attempt"] for s in starts)
+        if attempt in self._judged:
+            return
+        started = {s["rank"]: s for s in starts if s["attempt"] == attempt}
+        done = {d["rank"]: d for d in markers.read_all(self.where, "done") if d["attempt"] == attempt}
+        if not done:
+            return
+        last = max(done.values(), key=lambda d: d["time"])
+        if time.time() - last["time"] <= self.timeout_s:
+            return
+        alive = sorted(r for r, s in started.items() if _alive(s["pid"]))
+        if not alive:
+            return
+        stuck = [r for r in alive if r not in done] or alive
+        self._judged.add(attempt)
+        for r in stuck:
+            _signal(started[r]["pid"], signal.SIGUSR1)
+        time.sleep(1.0)  # let faulthandler write the stacks
+        lines = []
+        for r in stuck:
+            s = started[r]
+            after = "it" if r == last["rank"] else f"rank {last['rank']}"
+            state = (f"it had {done[r]['how']} from {s['fn']} but did not exit" if r in done
+                     else f"it was still inside {s['fn']}")
+            stack = _read_stack(markers.path(self.where, "stack", r, attempt, "txt"))
+            lines.append(f"rank {r} did not exit within {self.timeout_s:g} s after {after} "
+                         f"{last['how']}: {state} (pid {s['pid']}, elastic attempt {attempt}); "
+                         f"ended. Its Python stacks:\n{stack}")
+        verdict = "\n".join(lines)
+        if self.verdict is None:
+            self.verdict, self.ended = verdict, tuple(stuck)
+        markers.write(os.path.join(self.where, markers.VERDICT), {"message": verdict})
+        for r in stuck:
+            _signal(started[r]["pid"], signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not exited, not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _read_stack(file: str, limit: int = 4000) -> str:
+    try:
+        with open(file) as fh:
+            text = fh.read().strip()
+    except OSError:
+        text = ""
+    if not text:
+        return "  (no stack dump: the process did not answer SIGUSR1)"
+    return text if len(text) <= limit else text[:limit] + "\n  ..."

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import Tensor
 
 
@@ -36,11 +35,3 @@ def shard(indices: Tensor, rank: int, world_size: int) -> Tensor:
     lo, hi = shard_bounds(len(indices), rank, world_size)
     return indices[lo:hi]
 
-
-def broadcast_parameters(params, src: int = 0, group: Any = None) -> None:
-    """Make every rank start from rank ``src``'s parameters."""
-    import torch.distributed as dist
-
-    with torch.no_grad():
-        for p in params:
-            dist.broadcast(p.data, src=src, group=group)

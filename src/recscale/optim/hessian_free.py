@@ -27,7 +27,6 @@ the reduced vectors, so all ranks take the identical step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from recscale.config import parse, to_dict
 from recscale.optim.config import HessianFreeConfig
 from recscale.optim.curvature import flatten, gauss_newton_operator, hessian_operator, unflatten
 from recscale.optim.solvers import SolveResult, backtrack_schedule, bicgstab, conjugate_gradient
@@ -85,9 +85,8 @@ class HessianFree(Optimizer):
     def __init__(self, params, config: HessianFreeConfig | None = None, *,
                  reduce: Callable[[Tensor], Tensor] | None = None, **overrides):
         cfg = config or HessianFreeConfig()
-        if overrides:
-            cfg = dataclasses.replace(cfg, **overrides)
-        cfg.validate("hessian_free")
+        if overrides:  # checked like parameters, named hessian_free.<key>
+            cfg = parse(HessianFreeConfig, {**to_dict(cfg), **overrides}, "hessian_free")
         super().__init__(params, {"damping": cfg.damping, "steps": 0,
                                   "negative_curvature_events": 0,
                                   "negative_curvature_steps": 0, "rejected_steps": 0})

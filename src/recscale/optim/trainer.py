@@ -4,19 +4,19 @@
 / ``recscale.data.frames.prepare_speech_frames`` and return a :class:`FitResult` whose history
 records training loss, validation loss and error against passes over the training data and wall
 time (evaluation time excluded), and, for HF, CG iterations, damping, reduction ratio and
-negative-curvature events per step. ``FitConfig.world_size > 1`` runs HF data-parallel on that many
-workers started by ``recscale.train.launch`` (torch.distributed.elastic, gloo on CPU).
+negative-curvature events per step. ``FitConfig.launch.world_size > 1`` runs HF data-parallel on
+that many workers started by ``recscale.distributed.launch`` (torch.distributed.elastic, gloo on
+CPU), the launcher DLRM training uses, with the same ``LaunchConfig``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recscale.config import Validated, check, check_choice
+from recscale.distributed import LaunchConfig, launch, set_threads
 from recscale.optim.config import HessianFreeConfig
 from recscale.optim.curvature import empirical_fisher_diagonal
 from recscale.optim.distributed import shard
@@ -53,32 +54,37 @@ class NetConfig(Validated):
 class FitConfig(Validated):
     """The ``train`` block: schedule shared by HF and the baselines."""
 
-    batch_size: int = 1000  # global gradient batch
-    curvature_batch_size: int | None = None  # HF: curvature mini-batch (null = batch_size)
+    RENAMED: ClassVar[dict[str, str]] = {
+        "batch_size": "global_batch_size",
+        "world_size": "launch.world_size",
+        "collective_timeout_s": "launch.collective_timeout_s",
+    }
+
+    global_batch_size: int = 1000  # the gradient batch, over all workers
+    curvature_batch_size: int | None = None  # HF: curvature mini-batch (null = global_batch_size)
     epochs: float = 10.0  # passes over the training split (gradient batches)
     max_steps: int | None = None
     eval_every: float = 1.0  # passes between validation evaluations
     seed: int = 0
-    world_size: int = 1  # HF data-parallel workers
-    num_threads: int | None = None  # per worker; null = cores / world_size
-    collective_timeout_s: float = 300.0
+    # HF data-parallel workers (world_size), rendezvous and deadlines: shared with DLRM training
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    num_threads: int | None = None  # per worker; null = cores / workers on this host
     progress: Literal["auto", "bar", "log", "off"] = "auto"
     dtype: Literal["float32", "float64"] = "float32"
 
     def validate(self, prefix: str = "train") -> None:
-        check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
-        check(self.curvature_batch_size is None or 0 < self.curvature_batch_size <= self.batch_size,
+        check(self.global_batch_size > 0, f"{prefix}.global_batch_size", self.global_batch_size,
+              "a positive integer")
+        check(self.curvature_batch_size is None
+              or 0 < self.curvature_batch_size <= self.global_batch_size,
               f"{prefix}.curvature_batch_size", self.curvature_batch_size,
-              f"null or in [1, batch_size={self.batch_size}]")
+              f"null or in [1, global_batch_size={self.global_batch_size}]")
         check(self.epochs > 0, f"{prefix}.epochs", self.epochs, "> 0")
         check(self.max_steps is None or self.max_steps > 0, f"{prefix}.max_steps",
               self.max_steps, "null or a positive integer")
         check(self.eval_every > 0, f"{prefix}.eval_every", self.eval_every, "> 0")
-        check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
         check(self.num_threads is None or self.num_threads >= 1, f"{prefix}.num_threads",
               self.num_threads, "null or >= 1")
-        check(self.collective_timeout_s > 0, f"{prefix}.collective_timeout_s",
-              self.collective_timeout_s, "> 0")
         check_choice(f"{prefix}.progress", self.progress, ("auto", "bar", "log", "off"))
         check_choice(f"{prefix}.dtype", self.dtype, ("float32", "float64"))
 
@@ -110,8 +116,10 @@ class AdamConfig(Validated):
 class BaselinesConfig(Validated):
     """The ``baselines`` block: first-order optimizers trained on the same data and network."""
 
+    RENAMED: ClassVar[dict[str, str]] = {"batch_size": "global_batch_size"}
+
     optimizers: tuple[str, ...] = BASELINES
-    batch_size: int | None = None  # null = train.batch_size
+    global_batch_size: int | None = None  # null = train.global_batch_size
     epochs: float | None = None  # null = train.epochs
     sgd: SGDConfig = field(default_factory=SGDConfig)
     adam: AdamConfig = field(default_factory=AdamConfig)
@@ -119,8 +127,8 @@ class BaselinesConfig(Validated):
     def validate(self, prefix: str = "baselines") -> None:
         for i, name in enumerate(self.optimizers):
             check_choice(f"{prefix}.optimizers[{i}]", name, BASELINES)
-        check(self.batch_size is None or self.batch_size > 0, f"{prefix}.batch_size",
-              self.batch_size, "null or a positive integer")
+        check(self.global_batch_size is None or self.global_batch_size > 0,
+              f"{prefix}.global_batch_size", self.global_batch_size, "null or a positive integer")
         check(self.epochs is None or self.epochs > 0, f"{prefix}.epochs", self.epochs, "null or > 0")
 
 
@@ -253,11 +261,6 @@ class _Recorder:
         self.clock.start()
 
 
-def _threads(cfg: FitConfig) -> None:
-    n = cfg.num_threads or max(1, (os.cpu_count() or 1) // cfg.world_size)
-    torch.set_num_threads(n)
-
-
 def _progress(cfg: FitConfig, total: int, desc: str):
     from recscale.progress import Progress
 
@@ -267,13 +270,13 @@ def _progress(cfg: FitConfig, total: int, desc: str):
 # ------------------------------------------------------------------------- HF training
 def fit_hessian_free(data: dict, net: NetConfig, hf: HessianFreeConfig, cfg: FitConfig,
                      on_step: Callable[[int, nn.Module, Any], None] | None = None) -> FitResult:
-    """Train with HessianFree; ``cfg.world_size > 1`` launches that many data-parallel workers.
-    ``on_step(step, model, step_info)`` is called after every step (single process only)."""
-    if cfg.world_size > 1:
+    """Train with HessianFree; ``cfg.launch.world_size > 1`` launches that many data-parallel
+    workers. ``on_step(step, model, step_info)`` is called after every step (single process only)."""
+    if cfg.launch.world_size > 1:
         if on_step is not None:
-            raise ValueError("on_step is only supported with world_size=1")
+            raise ValueError("on_step is only supported with train.launch.world_size=1")
         return _launch_hf(data, net, hf, cfg)
-    _threads(cfg)
+    set_threads(cfg.num_threads)
     return hf_loop(data, net, hf, cfg, rank=0, world_size=1, reduce=None, on_step=on_step)
 
 
@@ -287,7 +290,7 @@ def hf_loop(data: dict, net: NetConfig, hf: HessianFreeConfig, cfg: FitConfig, *
     in_dim, classes = _dims(data)
     model = build_mlp(in_dim, classes, net, cfg.seed, dtype)
     opt = HessianFree(model.parameters(), hf, reduce=reduce)
-    batch = min(cfg.batch_size, n)
+    batch = min(cfg.global_batch_size, n)
     c_batch = min(cfg.curvature_batch_size or batch, batch)
     steps = _n_steps(n, batch, cfg.epochs, cfg.max_steps)
     clock = _Clock()
@@ -372,16 +375,10 @@ def _summary(history: list[dict[str, float]], wall: float, steps: int) -> dict[s
 
 
 def _launch_hf(data: dict, net: NetConfig, hf: HessianFreeConfig, cfg: FitConfig) -> FitResult:
-    from recscale.config import parse
     from recscale.optim.workers import hf_fit_worker
-    from recscale.train.config import TrainConfig
-    from recscale.train.launch import launch
 
-    tcfg = parse(TrainConfig, {"world_size": cfg.world_size, "device": "cpu", "progress": "off",
-                               "collective_timeout_s": cfg.collective_timeout_s}, "train")
     plain = {k: np.asarray(v) for k, v in data.items() if k.startswith(("x_", "y_"))}
-    results = launch(hf_fit_worker, (plain, net, hf, cfg), tcfg)
-    return results[0]
+    return launch(hf_fit_worker, (plain, net, hf, cfg), cfg.launch)[0]
 
 
 # --------------------------------------------------------------------- first-order baselines
@@ -389,7 +386,7 @@ def fit_baseline(data: dict, net: NetConfig, name: str, baselines: BaselinesConf
                  cfg: FitConfig) -> FitResult:
     """SGD with momentum or Adam on the same network, data order and evaluation schedule."""
     check_choice("baselines.optimizers", name, BASELINES)
-    torch.set_num_threads(cfg.num_threads or os.cpu_count() or 1)
+    set_threads(cfg.num_threads)
     dtype = getattr(torch, cfg.dtype)
     x, y = _tensors(data, dtype)
     n = len(x)
@@ -402,7 +399,7 @@ def fit_baseline(data: dict, net: NetConfig, name: str, baselines: BaselinesConf
     else:
         a = baselines.adam
         opt = torch.optim.Adam(model.parameters(), lr=a.learning_rate, weight_decay=a.weight_decay)
-    batch = min(baselines.batch_size or cfg.batch_size, n)
+    batch = min(baselines.global_batch_size or cfg.global_batch_size, n)
     epochs = baselines.epochs or cfg.epochs
     steps = _n_steps(n, batch, epochs, None)
     clock = _Clock()

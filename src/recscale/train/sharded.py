@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from recscale.comm import CommsConfig
 from recscale.config import parse
 from recscale.data.loader import LoaderConfig, make_loader, rank_row_counts
-from recscale.distributed import init_worker, set_threads, worker_entry
+from recscale.distributed import run_in_group, set_threads, worker_entry
 from recscale.embedding.placement import merge_tier_stats
 from recscale.model.dlrm import ModelConfig
 from recscale.sharding import ShardingPlan
@@ -44,8 +44,8 @@ def loader_data(files, train_cfg: TrainConfig, rank: int, world_size: int,
 
 def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                comms: CommsConfig, plan: ShardingPlan, out_dir: str, run_id: str) -> dict[str, Any]:
-    """One rank's whole run; its model is freed when this returns (before the group is torn
-    down: see ARCHITECTURE.md's teardown hazard)."""
+    """One rank's whole run, inside ``run_in_group``: its model lives and dies in here, so it
+    is freed before the group is torn down, and only plain results leave."""
     set_threads(train_cfg.num_threads, ctx.local_world_size)
     rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms)
     files = manifest["splits"]["train"]["files"]
@@ -82,13 +82,9 @@ def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: 
     """Entry point of every worker process (picklable arguments only). -> {"ranks": {rank:
     RankResult as a dict}, "state_path": the unsharded model rank 0 wrote}."""
     train_cfg = parse(TrainConfig, train_d, "train")
-    ctx = init_worker(train_cfg.launch, train_cfg.device)
-    try:
-        return train_rank(ctx, manifest, parse(ModelConfig, model_d, "model"), train_cfg,
-                          parse(CommsConfig, comms_d, "comms"), ShardingPlan.from_dict(plan_d),
-                          out_dir, run_id)
-    finally:  # on error the process just exits: the launcher cleans up
-        dist.destroy_process_group()
+    return run_in_group(train_cfg.launch, train_rank, manifest, parse(ModelConfig, model_d, "model"),
+                        train_cfg, parse(CommsConfig, comms_d, "comms"),
+                        ShardingPlan.from_dict(plan_d), out_dir, run_id, device=train_cfg.device)
 
 
 def summarize(results: dict[int, dict]) -> dict[str, Any]:

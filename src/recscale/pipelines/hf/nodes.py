@@ -1,29 +1,26 @@
 """Thin nodes of the ``hf`` (MNIST) and ``hf_speech`` (spoken-digit frames) pipelines.
 
-Each node parses its parameter block (``hf`` or ``hf_speech``) into typed configs, calls
-``recscale.data`` / ``recscale.optim``, and shapes what MLflow records: metric histories against
-passes over the data and training wall time, per-step HF diagnostics, test metrics, a JSON report
-and a PNG comparing the optimizers.
+The first node parses the whole parameter block (``hf`` or ``hf_speech``) into one root typed
+config (``recscale.optim.jobs``); the others take that object, call ``recscale.data`` /
+``recscale.optim``, and shape what MLflow records: metric histories against passes over the data
+and training wall time, per-step HF diagnostics, test metrics, a JSON report and a PNG comparing
+the optimizers.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from recscale.config import ConfigError, Validated, parse, to_dict
-from recscale.data.frames import FrameFeatures, SpeechFramesConfig, prepare_speech_frames
-from recscale.data.idx import MnistConfig, prepare_mnist
-from recscale.optim.config import HessianFreeConfig
+from recscale.config import parse, to_dict
+from recscale.data.frames import FrameFeatures, prepare_speech_frames
+from recscale.data.idx import prepare_mnist
+from recscale.optim.jobs import HFJobConfig, MnistJobConfig, SpeechJobConfig
 from recscale.optim.trainer import (
-    BaselinesConfig,
-    FitConfig,
     FitResult,
-    NetConfig,
     evaluate_classifier,
     fit_baseline,
     fit_hessian_free,
@@ -34,35 +31,25 @@ from recscale.pipelines.common import as_metrics
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class HFRunConfig(Validated):
-    """A ``hf`` / ``hf_speech`` parameter block without its ``data`` entry."""
-
-    model: NetConfig = field(default_factory=NetConfig)
-    optimizer: HessianFreeConfig = field(default_factory=HessianFreeConfig)
-    train: FitConfig = field(default_factory=FitConfig)
-    baselines: BaselinesConfig = field(default_factory=BaselinesConfig)
+# ---------------------------------------------------------------------------------- config
+def parse_mnist_job(block: dict, key: str = "hf") -> MnistJobConfig:
+    """The ``hf`` block, every key checked before any work starts."""
+    return parse(MnistJobConfig, block, key)
 
 
-def parse_run(block: dict, key: str) -> HFRunConfig:
-    if not isinstance(block, dict):
-        raise ConfigError(f"{key}={block!r} is not allowed: expected a mapping of settings")
-    return parse(HFRunConfig, {k: v for k, v in block.items() if k != "data"}, key)
+def parse_speech_job(block: dict, key: str = "hf_speech") -> SpeechJobConfig:
+    return parse(SpeechJobConfig, block, key)
 
 
 # ------------------------------------------------------------------------------ preprocess
-def preprocess_mnist(images: np.ndarray, labels: np.ndarray, block: dict, key: str = "hf"):
-    cfg = parse(MnistConfig, block.get("data"), f"{key}.data")
-    parse_run(block, key)  # a bad key fails before any work starts
-    splits = prepare_mnist(images, labels, cfg)
+def preprocess_mnist(images: np.ndarray, labels: np.ndarray, job: MnistJobConfig):
+    splits = prepare_mnist(images, labels, job.data)
     log.info("MNIST splits: %s", splits["info"])
     return splits, _data_metrics(splits)
 
 
-def preprocess_speech(frames: FrameFeatures, block: dict, key: str = "hf_speech"):
-    cfg = parse(SpeechFramesConfig, block.get("data"), f"{key}.data")
-    parse_run(block, key)
-    splits = prepare_speech_frames(frames, cfg)
+def preprocess_speech(frames: FrameFeatures, job: SpeechJobConfig):
+    splits = prepare_speech_frames(frames, job.data)
     log.info("speech frame splits: %s", splits["info"])
     return splits, _data_metrics(splits)
 
@@ -74,9 +61,8 @@ def _data_metrics(splits: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------- train
-def train_hessian_free(splits: dict, block: dict, key: str = "hf"):
-    run = parse_run(block, key)
-    result = fit_hessian_free(splits, run.model, run.optimizer, run.train)
+def train_hessian_free(splits: dict, job: HFJobConfig):
+    result = fit_hessian_free(splits, job.model, job.optimizer, job.train)
     log.info("hessian-free: %s", {k: round(v, 4) for k, v in result.summary.items()})
     history = _history(result)
     for r in result.steps:  # per HF step diagnostics
@@ -88,13 +74,12 @@ def train_hessian_free(splits: dict, block: dict, key: str = "hf"):
     return result, result.state_dict, history, summary
 
 
-def train_baselines(splits: dict, block: dict, key: str = "hf"):
-    run = parse_run(block, key)
+def train_baselines(splits: dict, job: HFJobConfig):
     results = {}
     history: dict[str, list] = {}
     summary: dict[str, float] = {}
-    for name in run.baselines.optimizers:
-        r = fit_baseline(splits, run.model, name, run.baselines, run.train)
+    for name in job.baselines.optimizers:
+        r = fit_baseline(splits, job.model, name, job.baselines, job.train)
         log.info("%s: %s", name, {k: round(v, 4) for k, v in r.summary.items()})
         results[name] = r
         history.update(_history(r))
@@ -123,20 +108,19 @@ def _history(r: FitResult) -> dict[str, list[dict]]:
 
 # ------------------------------------------------------------------------------- evaluate
 def evaluate_optimizers(splits: dict, hf_result: FitResult, baselines: dict[str, FitResult],
-                        block: dict, key: str = "hf"):
+                        job: HFJobConfig, key: str = "hf"):
     """Test loss/error of every optimizer's final model, passes and time each needed to reach
     SGD's best validation error, a JSON report and the comparison PNG."""
     from recscale.optim.plots import comparison_image
 
-    run = parse_run(block, key)
     results = [hf_result, *baselines.values()]
     target = baselines["sgd"].summary.get("best_val_error") if "sgd" in baselines else None
     metrics: dict[str, float] = {}
     report: dict[str, Any] = {"target": {"definition": "best validation error of SGD",
                                          "val_error": target},
-                              "data": splits["info"], "config": to_dict(run), "optimizers": {}}
+                              "data": splits["info"], "config": _run_config(job), "optimizers": {}}
     for r in results:
-        model = load_model(r, splits, run.model)
+        model = load_model(r, splits, job.model)
         test = evaluate_classifier(model, splits["x_test"], splits["y_test"])
         reached = r.reach(target) if target is not None else None
         metrics[f"test.{r.name}.error"] = test["error"]
@@ -152,3 +136,8 @@ def evaluate_optimizers(splits: dict, hf_result: FitResult, baselines: dict[str,
     title = f"{splits['info'].get('source', '')} ({key}): validation error, dashed = SGD's best"
     image = comparison_image(results, title, target)
     return as_metrics(metrics), report, image
+
+
+def _run_config(job: HFJobConfig) -> dict:
+    """The report's ``config``: the block without its ``data`` (the report has that apart)."""
+    return {k: v for k, v in to_dict(job).items() if k != "data"}

@@ -1,0 +1,257 @@
+"""What runs inside a worker process: join the group, run the work, leave the group safely.
+
+Every worker function is decorated with :func:`worker_entry` (its exception reaches the launcher
+with its traceback; the launcher sees when it started and finished) and does its distributed work
+through :func:`run_in_group`, which owns the group's whole life::
+
+    @worker_entry
+    def my_worker(cfg_dict, data):
+        return run_in_group(parse(LaunchConfig, cfg_dict), _work, data)
+
+    def _work(ctx: WorkerContext, data):   # models live and die in here
+        ...
+        return plain_results               # numbers, arrays, state dicts; never the model
+
+Teardown order (the reason this module exists). A DistributedDataParallel model holds the
+process group in C++. If the group is destroyed first and the model freed afterwards, the model's
+reducer drops the last reference to ProcessGroupGloo while holding the GIL; the destructor joins
+gloo's worker threads, and a worker thread that still has to free a finished collective's
+thread-local Python state waits for the GIL: a deadlock (seen in benchmarks/bench_sharded.py;
+``benchmarks/repro_teardown_hang.py`` measures how often). ``run_in_group`` therefore frees
+everything the work built while the group is alive (the work's frame ends, then a garbage
+collection, and a check that no DDP model survived), passes a final barrier with a deadline,
+and only then destroys the groups, from Python, which releases the GIL while gloo's threads stop.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import gc
+import logging
+import os
+import signal
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from recscale.distributed import markers
+from recscale.distributed.config import LaunchConfig
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def in_torchrun() -> bool:
+    """True when this process is already one rank of a group (torchrun / an elastic agent)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def set_threads(num_threads: int | None, local_world_size: int = 1) -> int:
+    """Intra-op threads of this process: ``num_threads``, or the cores shared among the
+    ``local_world_size`` processes of this host. Returns the number set."""
+    n = num_threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    torch.set_num_threads(n)
+    return n
+
+
+class LaunchAbortedError(RuntimeError):
+    """A restarted worker found that its launcher had already ended the launch."""
+
+
+class WorkerTeardownError(RuntimeError):
+    """A DDP model outlived the work of :func:`run_in_group`; freeing it after the group is
+    destroyed can deadlock, so the worker fails instead."""
+
+
+# ------------------------------------------------------------------------------ worker entry
+_stack_files: list[Any] = []  # keeps the faulthandler dump files open for the process's life
+
+
+def worker_entry(fn: Callable[..., T]) -> Callable[..., T]:
+    """Decorate a worker function started by :func:`recscale.distributed.launch`.
+
+    Started by ``launch``, it records (in the launch's directory) this rank's pid when ``fn`` is
+    entered, when it returned or raised, and an exception's traceback, so the launcher reports
+    the root cause rather than the peers' 'connection reset', and can name a rank that does not
+    exit. A SIGUSR1 dumps the process's Python stacks where the launcher reads them. Outside a
+    launch (torchrun, a plain call) it just calls ``fn``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        where = markers.launch_dir()
+        if where is None:
+            return fn(*args, **kwargs)
+        rank, attempt = markers.rank(), markers.attempt()
+        _register_stack_dump(markers.path(where, "stack", rank, attempt, "txt"))
+        markers.write(markers.path(where, "start", rank, attempt),
+                      {"rank": rank, "attempt": attempt, "pid": os.getpid(),
+                       "fn": getattr(fn, "__qualname__", repr(fn)), "time": markers.now()})
+        try:
+            verdict = markers.read(os.path.join(where, markers.VERDICT))
+            if verdict is not None:
+                raise LaunchAbortedError(f"the launcher ended this launch: {verdict['message']}")
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            t = markers.now()
+            markers.write(markers.path(where, "error", rank, attempt),
+                          {"rank": rank, "attempt": attempt, "time": t,
+                           "error": f"{type(exc).__name__}: {exc}",
+                           "traceback": traceback.format_exc(),
+                           "aborted": isinstance(exc, LaunchAbortedError)})
+            markers.write(markers.path(where, "done", rank, attempt),
+                          {"rank": rank, "attempt": attempt, "how": "raised", "time": t})
+            raise
+        markers.write(markers.path(where, "done", rank, attempt),
+                      {"rank": rank, "attempt": attempt, "how": "returned", "time": markers.now()})
+        return result
+
+    return wrapper
+
+
+def _register_stack_dump(file: str) -> None:
+    fh = open(file, "w")  # noqa: SIM115 - stays open: faulthandler writes to it from a signal
+    _stack_files.append(fh)
+    faulthandler.register(signal.SIGUSR1, file=fh, all_threads=True, chain=False)
+
+
+# ------------------------------------------------------------------------------- the group
+@dataclass
+class WorkerContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    sparse_group: Any  # process group for the embedding collectives (DDP uses the default one)
+
+
+_groups_joined = 0  # init_worker calls in this process: each joins under its own store prefix
+
+
+def _device(device: str) -> tuple[torch.device, bool]:
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} is not allowed: expected one of "
+                         + ", ".join(repr(d) for d in DEVICES))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' is not allowed here: no CUDA device is available")
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    return (torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")), use_cuda
+
+
+def init_worker(cfg: LaunchConfig, device: str = "cpu") -> WorkerContext:
+    """Join the process group the launcher prepared and pick device and backend (gloo on CPU,
+    NCCL on CUDA; ``device`` auto | cpu | cuda). Collectives time out after
+    ``cfg.collective_timeout_s``. Prefer :func:`run_in_group`, which also leaves the group."""
+    global _groups_joined
+    dev, use_cuda = _device(device)
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    backend = "nccl" if use_cuda else "gloo"
+    timeout = timedelta(seconds=cfg.collective_timeout_s)
+    if not dist.is_initialized():
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # The elastic agent's store outlives a restart of the worker group; without a
+            # per-attempt prefix the restarted ranks read the dead ranks' gloo addresses
+            # ("connectFullMesh ... Connection refused"). The group count lets one process
+            # join, leave and join again.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            prefix = f"recscale/attempt{attempt}"
+            if _groups_joined:
+                prefix += f"/group{_groups_joined}"
+            store = dist.PrefixStore(prefix, dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                timeout=timeout))
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+        _groups_joined += 1
+    sparse_group = dist.new_group(backend=backend, timeout=timeout)
+    return WorkerContext(
+        rank=dist.get_rank(), world_size=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+        device=dev, backend=backend, sparse_group=sparse_group,
+    )
+
+
+def run_in_group(cfg: LaunchConfig, work: Callable[..., T], *args: Any, device: str = "cpu",
+                 **kwargs: Any) -> T:
+    """``work(ctx, *args, **kwargs)`` inside the process group, then a safe teardown.
+
+    Join (:func:`init_worker`); run the work; free what it built while the group is alive
+    (its frame is gone when it returns; a garbage collection frees cycles); fail with
+    :class:`WorkerTeardownError` if a DistributedDataParallel model is still alive (the work
+    returned it, or stored it globally); pass a final barrier (``collective_timeout_s``; on gloo
+    a monitored barrier that names the ranks that did not arrive); destroy the embedding group,
+    then the default group. ``work`` must return plain results, not models.
+
+    If the work raises, its frames' locals are cleared and collected (so its models are freed
+    before the group goes), the groups are destroyed without a barrier (peers may never reach
+    one), and the exception propagates with its traceback intact."""
+    ctx = init_worker(cfg, device)
+    try:
+        result = work(ctx, *args, **kwargs)
+    except BaseException as exc:
+        _release_frames(exc)
+        gc.collect()
+        try:
+            _destroy(ctx)
+        except Exception:  # the work's own error is the one to report
+            log.warning("rank %d: destroying the process group after an error failed too",
+                        ctx.rank, exc_info=True)
+        raise
+    gc.collect()
+    alive = _ddp_models_alive()
+    _final_barrier(ctx, cfg.collective_timeout_s)
+    if alive:
+        # leave the group standing: destroying it now is what makes freeing the model hang
+        raise WorkerTeardownError(
+            f"rank {ctx.rank}: {alive} DistributedDataParallel model(s) still alive after "
+            f"{getattr(work, '__qualname__', 'the work')} returned; return plain results and "
+            "keep models inside the work function, so they are freed before the group is destroyed")
+    _destroy(ctx)
+    return result
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames an exception's traceback (and its context)
+    holds; the traceback text is unaffected."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__cause__ or exc.__context__
+
+
+def _ddp_models_alive() -> int:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return sum(1 for o in gc.get_objects() if isinstance(o, DDP))
+
+
+def _final_barrier(ctx: WorkerContext, timeout_s: float) -> None:
+    if ctx.backend == "gloo":
+        # rank 0 hears from every rank and names those that did not arrive in time
+        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+    else:  # NCCL: the group's own timeout bounds it
+        dist.barrier(device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def _destroy(ctx: WorkerContext) -> None:
+    if not dist.is_initialized():
+        return
+    if ctx.sparse_group is not None:
+        dist.destroy_process_group(ctx.sparse_group)
+        ctx.sparse_group = None
+    dist.destroy_process_group()

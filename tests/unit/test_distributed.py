@@ -1,0 +1,78 @@
+"""recscale.distributed without processes: its config, threads, and where it sits in the
+package graph (the launcher imports no other recscale package; optim uses it, not train)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from recscale.config import ConfigError, parse
+from recscale.distributed import LaunchConfig, set_threads
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "recscale"
+
+
+def _recscale_imports(path: Path) -> set[str]:
+    """Modules under recscale that ``path`` imports (absolute imports only)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("recscale"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("recscale"))
+    return out
+
+
+def _package_imports(pkg: str) -> set[str]:
+    return set().union(*(_recscale_imports(p) for p in (SRC / pkg).rglob("*.py")))
+
+
+def test_the_launcher_imports_no_other_recscale_package():
+    allowed = {"recscale.config", "recscale.progress"}
+    outside = {m for m in _package_imports("distributed")
+               if not m.startswith("recscale.distributed") and m not in allowed}
+    assert not outside, outside
+
+
+def test_optim_uses_the_launcher_package_not_train():
+    mods = _package_imports("optim")
+    assert "recscale.distributed" in mods
+    assert not {m for m in mods if m.startswith("recscale.train")}
+
+
+def test_no_private_name_crosses_into_or_out_of_optim_and_distributed():
+    mine = ("optim", "distributed")
+    bad = []
+    for path in SRC.rglob("*.py"):
+        pkg = path.relative_to(SRC).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("recscale."):
+                other = node.module.split(".")[1]
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if other != pkg and private and (pkg in mine or other in mine):
+                    bad.append(f"{path.relative_to(SRC)}: {node.module} {private}")
+    assert not bad, bad
+
+
+def test_launch_config_checks_name_the_full_key():
+    assert LaunchConfig(world_size=4, nnodes=2).nproc_per_node == 2
+    with pytest.raises(ConfigError, match=r"^train.launch.nnodes=3 is not allowed: expected a "
+                                          r"divisor of train.launch.world_size=4"):
+        LaunchConfig(world_size=4, nnodes=3)
+    with pytest.raises(ConfigError, match=r"^hf.train.launch.exit_timeout_s=0.0 is not allowed"):
+        parse(LaunchConfig, {"exit_timeout_s": 0}, "hf.train.launch")
+    with pytest.raises(ConfigError, match=r"rdzv_endpoint='localhost' is not allowed: expected "
+                                          r"host:port"):
+        LaunchConfig(rdzv_endpoint="localhost")
+
+
+def test_set_threads_shares_the_cores_among_the_local_workers():
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(3) == 3 and torch.get_num_threads() == 3
+        cores = torch.multiprocessing.cpu_count()
+        assert set_threads(None, local_world_size=2) == max(1, cores // 2)
+        assert set_threads(None, local_world_size=10 * cores) == 1
+    finally:
+        torch.set_num_threads(before)
