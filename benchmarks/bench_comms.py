@@ -52,7 +52,8 @@ def main(argv=None):
     man, oracle = dataset(args.rows, args.out_dir)
     model_cfg = ModelConfig()
     base = parse(TrainConfig, {
-        "batch_size": args.batch_size, "world_size": 2, "progress": "off", "log_every": 50,
+        "batch_size_per_rank": args.batch_size, "launch": {"world_size": 2}, "progress": "off",
+        "log_every": 50,
         "embedding_optimizer": {"name": "exact_rowwise_adagrad", "learning_rate": 0.1},
         "dense_optimizer": {"name": "adam", "learning_rate": 0.001}}, "train")
     rows = []

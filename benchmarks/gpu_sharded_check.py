@@ -64,7 +64,7 @@ def main() -> int:
     model_cfg = parse(ModelConfig, MODEL, "model")
 
     def cfg(device, name, **extra):
-        return parse(TrainConfig, {"batch_size": 2048, "max_steps": STEPS, "progress": "off",
+        return parse(TrainConfig, {"batch_size_per_rank": 2048, "max_steps": STEPS, "progress": "off",
                                    "device": device, "log_every": 10,
                                    "embedding_optimizer": {"name": "exact_sgd", "learning_rate": 0.05},
                                    "dense_optimizer": {"name": "sgd", "learning_rate": 0.05},

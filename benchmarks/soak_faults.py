@@ -51,8 +51,9 @@ def main() -> int:
                          Topology.preset("cpu-local", world_size=2), 1024)
 
     def run(name, **extra):
-        tcfg = parse(TrainConfig, {"batch_size": 1024, "world_size": 2, "max_steps": args.steps,
-                                   "progress": "off", "collective_timeout_s": 60,
+        launch = {"world_size": 2, "collective_timeout_s": 60, **extra.pop("launch", {})}
+        tcfg = parse(TrainConfig, {"batch_size_per_rank": 1024, "max_steps": args.steps,
+                                   "progress": "off", "launch": launch,
                                    "checkpoint": {"dir": str(work / name), "every_steps": args.every},
                                    **extra}, "train")
         return train_dlrm(manifest, model_cfg, tcfg, plan, str(work / name / "out"))
@@ -65,7 +66,7 @@ def main() -> int:
         rank, step = rnd.randrange(2), rnd.randint(2, args.steps)
         t0 = time.perf_counter()
         try:
-            out = run(f"fault{k}", max_restarts=1,
+            out = run(f"fault{k}", launch={"max_restarts": 1},
                       fault_injection={"rank": rank, "step": step, "kind": "kill"})
         except Exception as exc:  # a run that did not come back
             print(f"run {k}: rank {rank} killed at step {step}: NOT recovered ({type(exc).__name__})")

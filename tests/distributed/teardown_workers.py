@@ -50,8 +50,8 @@ def build(ctx: WorkerContext, kind: str):
     from recscale.config import parse
     from recscale.model import ModelConfig
     from recscale.train import TrainConfig
-    from recscale.train.loop import make_dense_optimizer
-    from recscale.train.sharded import ShardedStep, build_sharded_model
+    from recscale.train.runtime import build_sharded_model
+    from recscale.train.step import ShardedStep, make_dense_optimizer
     from tests.distributed import workers as W
 
     tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": "exact_sgd", "learning_rate": 0.1},

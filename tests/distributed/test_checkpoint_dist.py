@@ -38,9 +38,10 @@ def _plan(manifest, world, mixed=False):
 
 def _train(manifest, world, ckpt_dir, plan=None, **train):
     ckpt = {"dir": str(ckpt_dir), "every_steps": 3, **train.pop("checkpoint", {})}
-    tcfg = parse(TrainConfig, {"batch_size": 1000, "world_size": world, "progress": "off",
-                               "log_every": 5, "collective_timeout_s": 60, "max_steps": STEPS,
-                               "checkpoint": ckpt, **train}, "train")
+    launch = {"world_size": world, "collective_timeout_s": 60, **train.pop("launch", {})}
+    tcfg = parse(TrainConfig, {"batch_size_per_rank": 1000, "progress": "off", "log_every": 5,
+                               "max_steps": STEPS, "launch": launch, "checkpoint": ckpt,
+                               **train}, "train")
     if world > 1 and plan is None:
         plan = _plan(manifest, world)
     return train_dlrm(manifest, parse(ModelConfig, SMALL, "model"), tcfg, plan,
@@ -71,7 +72,7 @@ def test_stopped_and_resumed_equals_the_uninterrupted_run(parquet_dataset, clean
 
 def test_a_killed_worker_is_restarted_by_the_elastic_agent_and_the_run_ends_equal(
         parquet_dataset, clean, tmp_path):
-    run = _train(parquet_dataset, 2, tmp_path, max_restarts=1,
+    run = _train(parquet_dataset, 2, tmp_path, launch={"max_restarts": 1},
                  fault_injection={"rank": 1, "step": 8, "kind": "kill"})
     assert run.result.extra["resumed"] == 1  # the restarted group resumed from step 6
     assert run.result.steps == STEPS and run.result.samples == clean.result.samples

@@ -20,10 +20,11 @@ SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
 
 
 def _train(manifest, world, out_dir, **train):
-    tcfg = parse(TrainConfig, {"batch_size": 1000, "world_size": world, "progress": "off",
-                               "log_every": 5, "collective_timeout_s": 60, **train}, "train")
+    tcfg = parse(TrainConfig, {"batch_size_per_rank": 1000, "progress": "off", "log_every": 5,
+                               "launch": {"world_size": world, "collective_timeout_s": 60},
+                               **train}, "train")
     plan = plan_sharding(table_specs(manifest, 16), Topology.preset("cpu-local", world_size=world),
-                         tcfg.batch_size) if world > 1 else None
+                         tcfg.batch_size_per_rank) if world > 1 else None
     return train_dlrm(manifest, parse(ModelConfig, SMALL, "model"), tcfg, plan, str(out_dir))
 
 

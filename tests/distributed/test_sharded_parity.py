@@ -9,7 +9,7 @@ from recscale.distributed import LaunchConfig, launch
 from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
 from recscale.model import DLRM, ModelConfig
 from recscale.train import TrainConfig, TrainStep
-from recscale.train.loop import make_dense_optimizer
+from recscale.train.step import make_dense_optimizer
 from tests.distributed import workers as W
 
 pytestmark = pytest.mark.dist
