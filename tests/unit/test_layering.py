@@ -17,7 +17,7 @@ ALLOWED = {
     "embedding": {"comm", "data", "sharding"},
     "evaluate": set(),
     "model": {"data", "embedding"},
-    "optim": {"distributed"},
+    "optim": {"data", "distributed"},  # the HF job configs name their data blocks
     "retrain": {"data", "evaluate", "model", "sharding", "train"},
     "sharding": {"comm"},
     "train": {"comm", "data", "distributed", "embedding", "evaluate", "model", "sharding"},
