@@ -1,6 +1,7 @@
 """Pipelined vs plain sharded training at 2 ranks on a configuration where communication matters
 (dim 128): with pipelining the next batch's input distribution (ids and lengths all-to-all) is in
-flight while the current batch computes. Same data, same plan, one run.
+flight while the current batch computes. Same data, same plan, one run; both through recscale's one
+training loop, only its overlap policy (train.pipeline) differs.
 
     python benchmarks/bench_pipeline.py
 """
@@ -17,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_sharded as bs  # noqa: E402
-from recscale.comm.collectives import CommStats  # noqa: E402
+from loop_timing import run_steps  # noqa: E402
 from recscale.config import parse  # noqa: E402
 from recscale.distributed import (  # noqa: E402
     LaunchConfig,
@@ -27,8 +28,7 @@ from recscale.distributed import (  # noqa: E402
     worker_entry,
 )
 from recscale.train import TrainConfig  # noqa: E402
-from recscale.train.loop import make_dense_optimizer  # noqa: E402
-from recscale.train.sharded import ShardedStep, build_sharded_model  # noqa: E402
+from recscale.train.runtime import ShardedRuntime  # noqa: E402
 
 
 @worker_entry
@@ -40,25 +40,17 @@ def _pipeline(ctx: WorkerContext, cfg, kind, globals_, steps, reps, pipelined):
     import torch.distributed as dist
 
     # train.pipeline also switches the output all-to-all's overlap with the bottom MLP
-    tcfg = parse(TrainConfig, {**bs.TCFG, "world_size": 2, "pipeline": pipelined}, "train")
+    tcfg = parse(TrainConfig, {**bs.TCFG, **bs.LOOP, "launch": {"world_size": 2},
+                               "pipeline": pipelined}, "train")
     torch.set_num_threads(1)
-    stats = CommStats()
-    model = build_sharded_model(ctx, bs.make_plan(cfg, kind, 2), bs.model_cfg(cfg), tcfg, stats,
-                                feature_names=bs.FEATURES)
-    step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer), 2)
+    rt = ShardedRuntime(ctx, bs.make_plan(cfg, kind, 2), bs.model_cfg(cfg), tcfg,
+                        feature_names=bs.FEATURES)
     batches = [bs.part(g, ctx.rank, 2) for g in globals_]
-    emb = model.embeddings
     times = []
     for rep in range(reps + 1):  # the first repetition warms up
         dist.barrier()
         t0 = time.perf_counter()
-        started = emb.start(batches[0].sparse) if pipelined else None
-        for i in range(steps):
-            b = batches[i % len(batches)]
-            nxt = batches[(i + 1) % len(batches)]
-            nxt_started = emb.start(nxt.sparse) if pipelined and i + 1 < steps else None
-            step(b, started)
-            started = nxt_started
+        run_steps(rt, batches, steps, tcfg)
         dist.barrier()
         if rep:
             times.append(time.perf_counter() - t0)

@@ -1,6 +1,7 @@
 """Sharded training throughput: 2 ranks (one thread each) vs 1 rank using both cores, same global
 batch, same pre-generated data, per sharding type; and the bytes the collectives counted per step
-against the planner's estimate.
+against the planner's estimate. Both sides train through recscale's one training loop (the
+default, pipelined overlap policy).
 
     python benchmarks/bench_sharded.py                       # kaggle-small, every sharding type
     python benchmarks/bench_sharded.py --kinds table_wise planner --steps 20 --reps 3
@@ -17,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from recscale.comm.collectives import CommStats
+from loop_timing import run_steps  # this folder
 from recscale.config import parse
 from recscale.data.batch import Batch, SparseFeatures
 from recscale.distributed import LaunchConfig, WorkerContext, launch, run_in_group, worker_entry
@@ -25,9 +26,8 @@ from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.model import ModelConfig, build_dlrm
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.sharding.traffic import estimate_comm_bytes
-from recscale.train import TrainConfig, TrainStep
-from recscale.train.loop import make_dense_optimizer
-from recscale.train.sharded import ShardedStep, build_sharded_model
+from recscale.train import TrainConfig
+from recscale.train.runtime import LocalRuntime, ShardedRuntime
 
 KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise",
          "data_parallel", "planner"]
@@ -83,22 +83,23 @@ def model_cfg(cfg):
 TCFG = {"embedding_optimizer": {"name": "exact_sgd", "learning_rate": 0.05},
         "dense_optimizer": {"name": "sgd", "learning_rate": 0.05}, "num_threads": 1,
         "device": "cpu"}
+LOOP = {"progress": "off", "log_every": 10**9, "checkpoint": {"dir": None}}
 
 
-def timed(step, batches, steps, reps, warmup=3, barrier=None):
-    for b in batches[:warmup]:
-        step(b)
-    rates = []
-    for _ in range(reps):
+def timed(rt, tcfg, batches, steps, reps, warmup=3, barrier=None):
+    """Seconds of each of ``reps`` runs of ``steps`` loop steps (after ``warmup`` steps), and the
+    last run's result (its bytes and communication seconds)."""
+    run_steps(rt, batches, warmup, tcfg)
+    secs, res = [], None
+    for r in range(reps):
         if barrier:
             barrier()
         t0 = time.perf_counter()
-        for i in range(steps):
-            step(batches[i % len(batches)])
+        res = run_steps(rt, batches, steps, tcfg, start=r * steps)
         if barrier:
             barrier()
-        rates.append(time.perf_counter() - t0)
-    return rates
+        secs.append(time.perf_counter() - t0)
+    return secs, res
 
 
 @worker_entry
@@ -109,22 +110,14 @@ def bench_worker(cfg, kind, globals_, steps, reps):
 def _bench(ctx: WorkerContext, cfg, kind, globals_, steps, reps):
     import torch.distributed as dist
 
-    tcfg = parse(TrainConfig, {**TCFG, "world_size": 2}, "train")
+    tcfg = parse(TrainConfig, {**TCFG, **LOOP, "launch": {"world_size": 2}}, "train")
     torch.set_num_threads(1)
     plan = make_plan(cfg, kind, ctx.world_size)
-    stats = CommStats()
-    model = build_sharded_model(ctx, plan, model_cfg(cfg), tcfg, stats, feature_names=FEATURES)
-    step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer),
-                       ctx.world_size)
+    rt = ShardedRuntime(ctx, plan, model_cfg(cfg), tcfg, feature_names=FEATURES)
     batches = [part(g, ctx.rank, ctx.world_size) for g in globals_]
-    for b in batches[:3]:
-        step(b)
-    stats.reset()
-    secs = timed(step, batches, steps, reps, warmup=0, barrier=dist.barrier)
-    n = steps * reps
-    snap = stats.snapshot()
-    return {"seconds": secs, "bytes": {k: v["bytes"] / n for k, v in snap.items()},
-            "comm_s": {k: v["seconds"] / n for k, v in snap.items()},
+    secs, last = timed(rt, tcfg, batches, steps, reps, barrier=dist.barrier)
+    return {"seconds": secs, "bytes": last.bytes_per_step,
+            "comm_s": {"all": last.comm_seconds / max(last.steps, 1)},
             "types": sorted({t.sharding_type for t in plan.tables}),
             "shards": sum(len(t.shards) for t in plan.tables),
             "estimate": estimate_comm_bytes(plan, lengths_bytes=8)}
@@ -132,11 +125,10 @@ def _bench(ctx: WorkerContext, cfg, kind, globals_, steps, reps):
 
 def one_rank(cfg, globals_, steps, reps):
     torch.set_num_threads(2)
-    tcfg = parse(TrainConfig, TCFG, "train")
+    tcfg = parse(TrainConfig, {**TCFG, **LOOP}, "train")
     model = build_dlrm(model_cfg(cfg), cfg["tables"], 13, EmbeddingOptimizerConfig("exact_sgd", 0.05))
-    step = TrainStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer))
     batches = [part(g, 0, 1) for g in globals_]
-    return timed(step, batches, steps, reps)
+    return timed(LocalRuntime(model, tcfg, torch.device("cpu")), tcfg, batches, steps, reps)[0]
 
 
 def main(argv=None):

@@ -235,9 +235,13 @@ def _release_frames(exc: BaseException) -> None:
 
 
 def _ddp_models_alive() -> int:
+    import warnings
+
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return sum(1 for o in gc.get_objects() if isinstance(o, DDP))
+    with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated reduce_op warns
+        warnings.simplefilter("ignore", FutureWarning)
+        return sum(1 for o in gc.get_objects() if isinstance(o, DDP))
 
 
 def _final_barrier(ctx: WorkerContext, timeout_s: float) -> None:
