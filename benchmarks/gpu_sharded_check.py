@@ -26,7 +26,6 @@ from recscale.model import ModelConfig
 from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest
 from recscale.train import TrainConfig, train_dlrm
-from recscale.train.api import _train_sharded
 
 MODEL = {"embedding_dim": 16, "bottom_mlp": [256, 64, 16], "top_mlp": [256, 64, 1]}
 STEPS = 40
@@ -103,7 +102,8 @@ def main() -> int:
                 tables.append(dataclasses.replace(tp, sharding_type=kind))
         plan = dataclasses.replace(plan, tables=tuple(tables))
         t0 = time.perf_counter()
-        sh = _train_sharded(manifest, model_cfg, cfg(dev, "sharded"), plan, str(work / "sh_out"))
+        sh = train_dlrm(manifest, model_cfg, cfg(dev, "sharded"), plan, str(work / "sh_out"),
+                        sharded=True)
         d = max_rel_diff(sh.model.state_dict(), ref)
         report("2. sharded runtime, 1 rank, NCCL on CUDA, mixed plan vs CPU", d < 1e-3,
                f"max rel diff {d:.2e}; {sh.result.samples_per_s:,.0f} samples/s; comm "

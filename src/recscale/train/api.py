@@ -122,18 +122,21 @@ def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
 def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                plan: ShardingPlan | dict | None = None, out_dir: str | None = None,
                comms: CommsConfig | None = None,
-               init_state: dict[str, torch.Tensor] | None = None) -> TrainOutcome:
+               init_state: dict[str, torch.Tensor] | None = None,
+               sharded: bool | None = None) -> TrainOutcome:
     """Train on the manifest's train split: in this process when ``train.launch.world_size`` is
     1, else sharded over that many workers as ``plan`` says (under torchrun: as this process's
-    rank; every rank returns the trained model). ``init_state``: a state_dict to start from (a
-    warm start; one process). Checks that every train row was trained on, once per epoch."""
+    rank; every rank returns the trained model); ``sharded=True`` runs the sharded runtime also
+    for one rank. ``init_state``: a state_dict to start from (a warm start; one process). Checks
+    that every train row was trained on, once per epoch."""
     comms = comms or CommsConfig()
     if isinstance(plan, dict):
         plan = ShardingPlan.from_dict(plan)
     rows = count_rows(manifest["splits"]["train"]["files"])
     if rows == 0:
         raise ValueError("the train split is empty: check preprocess.splits and the input data")
-    sharded = train_cfg.world_size > 1 or in_torchrun()
+    if sharded is None:
+        sharded = train_cfg.world_size > 1 or in_torchrun()
     if plan is not None and (sharded or plan.world_size == 1):
         plan.check_matches(batch_size_per_rank=train_cfg.batch_size_per_rank,
                            world_size=train_cfg.world_size, comms=comms if sharded else None)
