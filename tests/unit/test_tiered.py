@@ -380,8 +380,8 @@ def _rss_anon() -> int:
 
 
 def test_a_table_larger_than_the_ram_budget_trains_from_ssd(tmp_path):
+    from recscale.embedding.placement import placements_from_plan
     from recscale.sharding import TableSpec, Topology, plan_sharding
-    from recscale.train.api import placements_from_plan
 
     rows, dims = (400_000, 3000, 500), (64, 64, 64)
     budget = 24_000_000  # bytes of RAM for embeddings; the big table alone is 104 MB

@@ -137,15 +137,17 @@ class WorkerContext:
 _groups_joined = 0  # init_worker calls in this process: each joins under its own store prefix
 
 
-def _device(device: str) -> tuple[torch.device, bool]:
+def resolve_device(device: str) -> torch.device:
+    """``train.device`` (auto | cpu | cuda) -> this process's device: auto takes CUDA when there
+    is one; a rank takes the GPU of its local rank."""
     if device not in DEVICES:
-        raise ValueError(f"device={device!r} is not allowed: expected one of "
+        raise ValueError(f"train.device={device!r} is not allowed: expected one of "
                          + ", ".join(repr(d) for d in DEVICES))
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' is not allowed here: no CUDA device is available")
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    return (torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")), use_cuda
+        raise ValueError("train.device='cuda' is not allowed here: no CUDA device is available")
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    return torch.device("cpu")
 
 
 def init_worker(cfg: LaunchConfig, device: str = "cpu") -> WorkerContext:
@@ -153,7 +155,8 @@ def init_worker(cfg: LaunchConfig, device: str = "cpu") -> WorkerContext:
     NCCL on CUDA; ``device`` auto | cpu | cuda). Collectives time out after
     ``cfg.collective_timeout_s``. Prefer :func:`run_in_group`, which also leaves the group."""
     global _groups_joined
-    dev, use_cuda = _device(device)
+    dev = resolve_device(device)
+    use_cuda = dev.type == "cuda"
     if use_cuda:
         torch.cuda.set_device(dev)
     backend = "nccl" if use_cuda else "gloo"

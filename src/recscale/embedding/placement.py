@@ -204,3 +204,17 @@ def build_embedding_bags(
     return MultiTierEmbeddingBags(mods, dims)
 
 
+def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
+    """One process: each table's placement from the plan (the tier and cache fraction of its
+    shard), in ``feature_names`` order; None when every table is in the compute tier."""
+    if plan is None:
+        return None
+    by_feature = {f: tp for tp in plan.tables for f in tp.feature_names}
+    out = []
+    for f in feature_names:
+        if f not in by_feature:
+            raise ValueError(f"the sharding plan has no table for feature {f!r}")
+        s = by_feature[f].shards[0]
+        out.append(placement_for(s.tier, plan.topology.compute_tier, s.cache_fraction,
+                                 device_type, tiers))
+    return out if any(p.kind != "memory" for p in out) else None

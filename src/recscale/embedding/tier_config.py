@@ -3,10 +3,14 @@ fraction, eviction policy, scratch directory, prefetch, fsync, RAM budget)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from recscale.config import Validated, check, check_choice
+from recscale.sharding import Topology
 
 TIER_KINDS = ("ddr", "ssd")
 POLICIES = ("lru", "lfu")
@@ -40,6 +44,17 @@ class TierConfig(Validated):
     prefetch: bool = True
     fsync: bool = False
     ram_budget_bytes: int | None = None
+
+    def budgeted(self, topology: Topology) -> Topology:
+        """The topology to plan on: with ``ram_budget_bytes`` each rank gets that much RAM for
+        embeddings and an SSD tier of the free space of ``scratch_dir`` (shared by the host's
+        ranks), so the planner puts what does not fit on SSD; unchanged when it is null."""
+        if self.ram_budget_bytes is None:
+            return topology
+        scratch = self.scratch_dir or tempfile.gettempdir()
+        os.makedirs(scratch, exist_ok=True)
+        free = shutil.disk_usage(scratch).free / topology.local_world_size
+        return topology.with_ram_budget(self.ram_budget_bytes, free)
 
     def validate(self, prefix: str = "train.tiers") -> None:
         check_choice(f"{prefix}.tier", self.tier, TIER_KINDS)

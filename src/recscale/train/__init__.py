@@ -16,7 +16,7 @@ from recscale.train.config import (
     EvaluateConfig,
     TrainConfig,
 )
-from recscale.train.evaluation import Scores, evaluate_dlrm, predict, score_split
+from recscale.train.evaluation import Scores, evaluate_dlrm, score_split
 from recscale.train.step import NonFiniteLossError, TrainStep
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "evaluate_dlrm",
     "model_from_resolved",
     "plan_for_run",
-    "predict",
     "resolved_config",
     "score_split",
     "train_dlrm",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import time
 import uuid
@@ -20,42 +19,18 @@ from recscale.comm import CommsConfig
 from recscale.config import ConfigError, to_dict
 from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import count_rows
-from recscale.distributed import in_torchrun, launch, set_threads
-from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
+from recscale.distributed import in_torchrun, launch, resolve_device, set_threads
+from recscale.embedding.placement import placements_from_plan
+from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm, copy_tables
 from recscale.sharding import ShardingPlan, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.config import DLRMConfig, TrainConfig
 from recscale.train.loop import run_loop
 from recscale.train.runtime import LocalRuntime
-from recscale.train.sharded import (
-    default_out_dir,
-    loader_data,
-    sharded_train_worker,
-    summarize,
-)
+from recscale.train.sharded import TrainResult, loader_data, sharded_train_worker, summarize
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    """The run's counters and metrics (``extra``: per-rank time split, bytes, tiers, ...)."""
-
-    steps: int = 0
-    samples: int = 0
-    step_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    final_loss: float = float("nan")
-    history: dict[str, list[dict]] | None = None
-    extra: dict[str, float] | None = None
-    checkpoints: tuple[str, ...] = ()
-    resumed_samples: int = 0  # samples trained before the checkpoint this run resumed from
-
-    @property
-    def samples_per_s(self) -> float:
-        new = self.samples - self.resumed_samples
-        return new / self.step_seconds if self.step_seconds > 0 else float("nan")
 
 
 @dataclass
@@ -65,14 +40,6 @@ class TrainOutcome:
     table_sizes: tuple[int, ...]
     threads: int
     device: str
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device='cuda' is not allowed here: no CUDA device is available")
-    return torch.device(name)
 
 
 def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -85,38 +52,13 @@ def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
 def plan_for_run(manifest: dict, cfg: DLRMConfig) -> ShardingPlan:
     """The sharding plan of a run: the tables of ``manifest`` on ``sharding.topology`` for
     ``sharding.world_size`` (null: ``train.launch.world_size``) ranks at the run's per-rank batch,
-    with the run's embedding optimizer and wire precisions. ``train.tiers.ram_budget_bytes`` gives
-    each rank that much RAM for embeddings and an SSD tier (the free space of
-    ``train.tiers.scratch_dir``), so larger tables are planned onto SSD."""
+    with the run's embedding optimizer and wire precisions, within ``train.tiers``' RAM budget."""
     sh, train = cfg.sharding, cfg.train
-    topo = sh.topology_for(train.world_size)
-    if train.tiers.ram_budget_bytes is not None:
-        scratch = train.tiers.scratch_dir or tempfile.gettempdir()
-        os.makedirs(scratch, exist_ok=True)
-        free = shutil.disk_usage(scratch).free / topo.local_world_size
-        topo = topo.with_ram_budget(train.tiers.ram_budget_bytes, free)
+    topo = train.tiers.budgeted(sh.topology_for(train.world_size))
     opts = {**sh.options.to_dict(), "optimizer": train.embedding_optimizer.name,
             "comms": cfg.comms}
     tables = table_specs_from_manifest(manifest, cfg.model.embedding_dim)
     return plan_sharding(tables, topo, train.batch_size_per_rank, opts)
-
-
-def placements_from_plan(plan, feature_names, device_type: str, tiers=None):
-    """One process: each table's placement from the plan (the tier and cache fraction of its
-    shard), in ``feature_names`` order; None when every table is in the compute tier."""
-    from recscale.embedding.placement import placement_for
-
-    if plan is None:
-        return None
-    by_feature = {f: tp for tp in plan.tables for f in tp.feature_names}
-    out = []
-    for f in feature_names:
-        if f not in by_feature:
-            raise ValueError(f"the sharding plan has no table for feature {f!r}")
-        s = by_feature[f].shards[0]
-        out.append(placement_for(s.tier, plan.topology.compute_tier, s.cache_fraction,
-                                 device_type, tiers))
-    return out if any(p.kind != "memory" for p in out) else None
 
 
 def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -148,12 +90,7 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
         threads = train_cfg.num_threads or 0
     else:
         model, results, threads = _train_local(manifest, model_cfg, train_cfg, plan, init_state)
-    s = summarize(results)
-    result = TrainResult(steps=s["steps"], samples=s["samples"], step_seconds=s["step_seconds"],
-                         wall_seconds=s["wall_seconds"], final_loss=s["final_loss"],
-                         history=results[min(results)]["history"], extra=s,
-                         checkpoints=tuple(results[min(results)]["checkpoints"]),
-                         resumed_samples=s["resumed_samples"])
+    result = summarize(results)
     check_rows_trained(result, rows, train_cfg)
     log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
              result.steps, result.samples, result.samples_per_s, result.final_loss)
@@ -203,7 +140,7 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir):
     if in_torchrun() and int(os.environ["WORLD_SIZE"]) != train_cfg.world_size:
         raise ConfigError(f"train.launch.world_size={train_cfg.world_size} is not allowed here: "
                           f"torchrun started {os.environ['WORLD_SIZE']} ranks")
-    out_dir = out_dir or default_out_dir()
+    out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")
     # one id per launch: elastic restarts of the worker group resume from its checkpoints
     local = launch(sharded_train_worker,
                    (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
@@ -223,22 +160,14 @@ def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfi
     """A single-process CPU DLRM holding these full tables, optimizer states (per table, as
     ``split_optimizer_states`` gives them) and dense-arch state, from any device or tier."""
     cpu = build_model_for(manifest, model_cfg, train_cfg, "cpu")
-    with torch.no_grad():
-        for dst, src in zip(cpu.embeddings.split_weights(), tables):
-            dst.copy_(src)
-        for dst_t, src_t in zip(cpu.embeddings.split_optimizer_states() or [], states or []):
-            for dst, src in zip(dst_t, src_t):
-                dst.copy_(src.view_as(dst))
-        cpu.dense.load_state_dict(dense_state)
+    copy_tables(cpu, tables, states, dense_state)
     return cpu
 
 
 def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
                  train_cfg: TrainConfig) -> DLRM:
-    """The same model as an ordinary in-memory CPU model. fbgemm's table-batched module keeps its
-    tables in device-specific buffers (weights_dev on CUDA, weights_host on the CPU) and a tiered
-    module keeps them on its slow tier, so state_dicts do not carry over; copy table by table. A
-    tiered module's scratch files are released afterwards."""
+    """The same model as an ordinary in-memory CPU model (copied table by table, see
+    ``copy_tables``); a tiered module's scratch files are released afterwards."""
     emb = model.embeddings
     cpu = cpu_model_from(manifest, model_cfg, train_cfg, emb.split_weights(),
                          emb.split_optimizer_states(), model.dense.state_dict())
@@ -249,23 +178,15 @@ def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
 def load_state_into(model: DLRM, state: dict[str, torch.Tensor], manifest: dict,
                     model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
     """The inverse of ``to_cpu_model``: the state_dict of an in-memory CPU model (tables,
-    embedding-optimizer state, dense layers) into ``model`` on any device or tier, table by
-    table (a warm start)."""
+    embedding-optimizer state, dense layers) into ``model`` on any device or tier (a warm start)."""
     ref = build_model_for(manifest, model_cfg, train_cfg, "cpu")
     try:
         ref.load_state_dict(state)
     except RuntimeError as exc:
         raise ValueError(f"the warm-start state does not fit model={model_cfg} with table sizes "
                          f"{manifest['table_sizes']}: {exc}") from None
-    emb, src = model.embeddings, ref.embeddings
-    with torch.no_grad():
-        for dst, w in zip(emb.split_weights(), src.split_weights()):
-            dst.copy_(w)
-        for dst_t, src_t in zip(emb.split_optimizer_states() or [], src.split_optimizer_states() or []):
-            for dst, x in zip(dst_t, src_t):
-                dst.copy_(x.view_as(dst))
-    emb.flush()  # a slow tier's copy is durable before training reads it
-    model.dense.load_state_dict(ref.dense.state_dict())
+    copy_tables(model, ref.embeddings.split_weights(), ref.embeddings.split_optimizer_states(),
+                ref.dense.state_dict())
 
 
 def model_from_resolved(resolved: dict, state: dict[str, torch.Tensor]) -> DLRM:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -87,8 +87,29 @@ def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: 
                         ShardingPlan.from_dict(plan_d), out_dir, run_id, device=train_cfg.device)
 
 
-def summarize(results: dict[int, dict]) -> dict[str, Any]:
-    """Per-rank results -> the run's metrics (rank 0's history; per-rank time split)."""
+@dataclass
+class TrainResult:
+    """The run's counters and metrics (``extra``: per-rank time split, bytes, tiers, ...)."""
+
+    steps: int = 0
+    samples: int = 0
+    step_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    final_loss: float = float("nan")
+    history: dict[str, list[dict]] | None = None
+    extra: dict[str, float] | None = None
+    checkpoints: tuple[str, ...] = ()
+    resumed_samples: int = 0  # samples trained before the checkpoint this run resumed from
+
+    @property
+    def samples_per_s(self) -> float:
+        new = self.samples - self.resumed_samples
+        return new / self.step_seconds if self.step_seconds > 0 else float("nan")
+
+
+def summarize(results: dict[int, dict]) -> TrainResult:
+    """Per-rank results (RankResult dicts) -> the run's result: its counters, rank 0's history,
+    and metrics (``extra``: per-rank time split, bytes per collective, tiers)."""
     r0 = results[min(results)]
     step_s = max(r["step_seconds"] for r in results.values())
     new_samples = sum(r["samples"] - r["resumed_samples"] for r in results.values())
@@ -124,8 +145,6 @@ def summarize(results: dict[int, dict]) -> dict[str, Any]:
             out[f"rank{rank}.tiers.{k}"] = v
     tiers = merge_tier_stats([r["tier_stats"] for r in results.values() if r["tier_stats"]])
     out.update({f"tiers.{k}": v for k, v in tiers.items()})
-    return out
-
-
-def default_out_dir() -> str:
-    return tempfile.mkdtemp(prefix="recscale-train-")
+    return TrainResult(out["steps"], out["samples"], step_s, out["wall_seconds"],
+                       out["final_loss"], r0["history"], out, tuple(r0["checkpoints"]),
+                       out["resumed_samples"])
