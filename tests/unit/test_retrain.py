@@ -195,3 +195,32 @@ def test_run_tags_name_the_run_after_pipeline_env_and_given_params():
                  "kedro.runtime_params": given, "mlflow.runName": f"dlrm @ sweep_optimizer {given}"}
     assert run_tags({"pipeline_names": None, "env": None}) == {
         "kedro.env": "local", "kedro.pipeline": "__default__", "mlflow.runName": "__default__ @ local"}
+
+
+def test_a_warm_start_trains_on_the_plans_tiers_and_returns_an_in_memory_cpu_model(
+        parquet_dataset, tmp_path):
+    """The retrain's training takes the one training path: the plan's memory tiers (here a RAM
+    budget puts the largest tables on SSD) and an ordinary in-memory CPU model back, equal to
+    the same warm start trained all in memory."""
+    from recscale.embedding import FusedEmbeddingBags
+    from recscale.retrain import DLRMRetrainConfig, train_warm
+
+    train = {"batch_size_per_rank": 256, "max_steps": 4, "progress": "off", "seed": 2,
+             "checkpoint": {"dir": None}}
+    tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path / "scratch"),
+             "min_cache_rows": 256}
+    model = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
+    in_memory = parse(DLRMRetrainConfig, {"model": model, "train": train}, "")
+    on_tiers = parse(DLRMRetrainConfig, {"model": model, "train": {**train, "tiers": tiers}}, "")
+    first = train_warm(parquet_dataset, in_memory)
+    warm = WarmStart("latest", first.model.state_dict(),
+                     {"table_sizes": parquet_dataset["table_sizes"]}, "the first retrain")
+    tiered = train_warm(parquet_dataset, on_tiers, warm)
+    memory = train_warm(parquet_dataset, in_memory, warm)
+    assert tiered.result.extra["tiers.lookups"] > 0 and tiered.result.extra["tiers.bytes_read.ssd"] > 0
+    assert isinstance(tiered.model.embeddings, FusedEmbeddingBags)
+    assert next(tiered.model.dense_parameters()).device.type == "cpu"
+    a, b, c = tiered.model.state_dict(), memory.model.state_dict(), first.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)  # it trained on from the warm state
+    assert not list((tmp_path / "scratch").glob("tiered-*"))  # scratch files released
