@@ -1,8 +1,9 @@
 """Workers for the teardown and exit-watch tests, and for benchmarks/repro_teardown_hang.py.
 
-``unsafe_teardown_worker`` is the order that hung benchmarks/bench_sharded.py: a DDP model, a few
-steps, a barrier, ``destroy_process_group()``, and the model freed only when the function
-returns. ``safe_teardown_worker`` does the same work through ``run_in_group``.
+``unsafe_teardown_worker`` is the order that hung benchmarks/bench_sharded.py: a DDP model (with a
+Python communication hook, as the sharded runtime registers), a few steps, a barrier,
+``destroy_process_group()``, then the model freed. ``safe_teardown_worker`` does the same work
+through ``run_in_group``. Both repeat it for many groups in one process, each bounded.
 """
 
 from __future__ import annotations
@@ -83,51 +84,56 @@ def _unsafe_cycle(kind: str, steps: int) -> list[float]:
     losses = [step(i) for i in range(steps)]
     dist.barrier()
     dist.destroy_process_group()
-    return losses  # model, step and optimizer are freed here, after the group
+    del step, model  # the model freed after the group (ctx, holding the embedding group, lives on)
+    return losses
 
 
-class BusyPythonThread:
-    """A Python thread that keeps wanting the GIL, as a data-loader thread does (pure-Python
-    work in a loop); it makes gloo's worker threads wait longer for the GIL."""
+class CycleDeadline:
+    """Per group: if a cycle takes longer than ``seconds``, faulthandler's C watchdog thread
+    (it needs no GIL) dumps this process's Python stacks to ``hang_dir/hang.rank<r>.txt`` and
+    exits it, so a deadlocked cycle ends and says where it was. Off when ``hang_dir`` is None."""
 
-    def __init__(self, enabled: bool):
-        import threading
+    def __init__(self, hang_dir: str | None, seconds: float):
+        self.seconds, self.hang_dir, self.done = seconds, hang_dir, 0
+        self.rank = os.environ.get("RANK", "0")
+        self.fh = None
+        if hang_dir is not None:
+            self.fh = open(os.path.join(hang_dir, f"hang.rank{self.rank}.txt"),  # noqa: SIM115
+                           "w")  # open for the process's life: the watchdog writes to it
 
-        self.enabled, self.stop = enabled, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    def run(self, fn, *args):
+        import faulthandler
 
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            sum(i * i for i in range(2000))
-
-    def __enter__(self):
-        if self.enabled:
-            self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        if self.enabled:
-            self.thread.join()
+        if self.fh is None:
+            return fn(*args)
+        faulthandler.dump_traceback_later(self.seconds, exit=True, file=self.fh)
+        try:
+            out = fn(*args)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        self.done += 1
+        with open(os.path.join(self.hang_dir, f"groups.rank{self.rank}"), "w") as fh:
+            fh.write(str(self.done))
+        return out
 
 
 @worker_entry
-def unsafe_teardown_worker(kind: str, steps: int, cycles: int = 1,
-                           busy_thread: bool = True) -> list[list[float]]:
+def unsafe_teardown_worker(kind: str, steps: int, cycles: int = 1, hang_dir: str | None = None,
+                           cycle_s: float = 30.0) -> list[list[float]]:
     """``cycles`` times in this process: join a group, DDP + steps + barrier,
     destroy_process_group(), and the model freed after it."""
     torch.set_num_threads(1)
-    with BusyPythonThread(busy_thread):
-        return [_unsafe_cycle(kind, steps) for _ in range(cycles)]
+    deadline = CycleDeadline(hang_dir, cycle_s)
+    return [deadline.run(_unsafe_cycle, kind, steps) for _ in range(cycles)]
 
 
 @worker_entry
-def safe_teardown_worker(kind: str, steps: int, cycles: int = 1,
-                         busy_thread: bool = True) -> list[list[float]]:
+def safe_teardown_worker(kind: str, steps: int, cycles: int = 1, hang_dir: str | None = None,
+                         cycle_s: float = 30.0) -> list[list[float]]:
     """The same work through run_in_group, ``cycles`` groups one after another."""
     torch.set_num_threads(1)
-    with BusyPythonThread(busy_thread):
-        return [run_in_group(CFG, _work, kind, steps) for _ in range(cycles)]
+    deadline = CycleDeadline(hang_dir, cycle_s)
+    return [deadline.run(run_in_group, CFG, _work, kind, steps) for _ in range(cycles)]
 
 
 # ------------------------------------------------------------------------------ exit watch

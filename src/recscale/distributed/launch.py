@@ -77,9 +77,6 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
             if failure is None:
                 raise
             raise failure from exc
-        failure = _failure(where, watch)
-        if failure is not None:  # the watch ended a rank that had returned its result
-            raise failure
         return results
     finally:
         watch.stop()
@@ -119,11 +116,13 @@ class ExitWatch(threading.Thread):
     """Watches one launch's workers from the launcher process (a thread, so it works whatever
     a worker is stuck in). Once a rank of the current elastic attempt has finished (returned or
     raised), every rank of that attempt must have exited within ``timeout_s`` of the last one
-    to finish. A rank still running then is ended: its Python stacks are dumped (SIGUSR1), the
-    verdict is written where restarted workers find it (so the agent's restarts end at once
-    instead of running the job again), and it is SIGKILLed, which makes the elastic agent
-    stop the group and ``launch`` raise. Ranks still inside the worker function are the stuck
-    ones; ranks that finished and only wait for them are left to the agent."""
+    to finish. A rank still running then is ended: its Python stacks are dumped (SIGUSR1) and it
+    is SIGKILLed, which makes the elastic agent stop the group and ``launch`` raise. Ranks still
+    inside the worker function are the stuck ones; ranks that finished and only wait for them
+    are left to the agent. When every finished rank had returned (the work is done, only a rank
+    does not leave), the verdict is also written where restarted workers find it, so the
+    agent's restarts end at once instead of running the job again; after an error, the agent
+    restarts the group as ``max_restarts`` says."""
 
     def __init__(self, where: str, timeout_s: float, interval_s: float = 0.2):
         super().__init__(name="recscale-exit-watch", daemon=True)
@@ -177,10 +176,9 @@ class ExitWatch(threading.Thread):
             lines.append(f"rank {r} did not exit within {self.timeout_s:g} s after {after} "
                          f"{last['how']}: {state} (pid {s['pid']}, elastic attempt {attempt}); "
                          f"ended. Its Python stacks:\n{stack}")
-        verdict = "\n".join(lines)
-        if self.verdict is None:
-            self.verdict, self.ended = verdict, tuple(stuck)
-        markers.write(os.path.join(self.where, markers.VERDICT), {"message": verdict})
+        self.verdict, self.ended = "\n".join(lines), tuple(stuck)
+        if all(d["how"] == "returned" for d in done.values()):
+            markers.write(os.path.join(self.where, markers.VERDICT), {"message": self.verdict})
         for r in stuck:
             _signal(started[r]["pid"], signal.SIGKILL)
 
