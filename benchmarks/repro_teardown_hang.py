@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -129,6 +130,7 @@ def main(argv=None) -> dict:
             dt = time.perf_counter() - t0
             times.append(dt)
             groups += _groups(hang_dir, args.world_size, args.cycles, outcome.startswith("HANG"))
+            shutil.rmtree(hang_dir, ignore_errors=True)
             print(f"try {i + 1}/{args.tries}: {dt:5.1f} s  {outcome}", flush=True)
     finally:
         for p in busy:
