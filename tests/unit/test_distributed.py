@@ -41,20 +41,6 @@ def test_optim_uses_the_launcher_package_not_train():
     assert not {m for m in mods if m.startswith("recscale.train")}
 
 
-def test_no_private_name_crosses_into_or_out_of_optim_and_distributed():
-    mine = ("optim", "distributed")
-    bad = []
-    for path in SRC.rglob("*.py"):
-        pkg = path.relative_to(SRC).parts[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("recscale."):
-                other = node.module.split(".")[1]
-                private = [a.name for a in node.names if a.name.startswith("_")]
-                if other != pkg and private and (pkg in mine or other in mine):
-                    bad.append(f"{path.relative_to(SRC)}: {node.module} {private}")
-    assert not bad, bad
-
-
 def test_launch_config_checks_name_the_full_key():
     assert LaunchConfig(world_size=4, nnodes=2).nproc_per_node == 2
     with pytest.raises(ConfigError, match=r"^train.launch.nnodes=3 is not allowed: expected a "

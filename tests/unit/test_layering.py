@@ -90,6 +90,19 @@ def test_each_library_package_imports_only_what_the_house_allows():
     assert not bad, bad
 
 
+def test_no_private_name_is_imported_from_another_package():
+    bad = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).parts
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("recscale."):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                other = node.module.split(".")[1]
+                if private and (len(rel) < 2 or other != rel[0]):
+                    bad.append(f"{path.relative_to(SRC)}: from {node.module} import {private}")
+    assert not bad, bad
+
+
 def test_the_cycle_finder_finds_a_planted_cycle():
     graph = {"a": {"b": {"a/x.py"}}, "b": {"c": {"b/y.py"}}, "c": {"a": {"c/z.py"}}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]

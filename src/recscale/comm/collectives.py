@@ -150,7 +150,7 @@ class PendingEncoded:
         return y
 
 
-def _encoded_a2a_start(x, send_shapes, recv_shapes, codec, group, stats, name,
+def encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, name,
                        scale=1.0) -> PendingEncoded:
     """Encode row blocks ``send_shapes`` of float32 flat ``x`` and start their all-to-all."""
     pieces, off = [], 0
@@ -169,9 +169,9 @@ def _encoded_a2a_start(x, send_shapes, recv_shapes, codec, group, stats, name,
     return PendingEncoded(pending, recv_shapes, recv, codec, name, scale, x)
 
 
-def _encoded_a2a(x, send_shapes, recv_shapes, codec, group, stats, name, scale=1.0):
+def encoded_exchange(x, send_shapes, recv_shapes, codec, group, stats, name, scale=1.0):
     """float32 flat ``x`` holding row blocks ``send_shapes`` -> flat float32 of ``recv_shapes``."""
-    return _encoded_a2a_start(x, send_shapes, recv_shapes, codec, group, stats, name, scale).wait()
+    return encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, name, scale).wait()
 
 
 class OutputExchange:
@@ -199,7 +199,7 @@ class _ExchangeStart(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, ex: OutputExchange):
         ctx.ex = ex
-        ex.pending_fwd = _encoded_a2a_start(x, ex.send_shapes, ex.recv_shapes, ex.fwd, ex.group,
+        ex.pending_fwd = encoded_exchange_start(x, ex.send_shapes, ex.recv_shapes, ex.fwd, ex.group,
                                             ex.stats, ex.name)
         return x.new_zeros(0)  # a token: orders finish after start in the graph
 
@@ -220,7 +220,7 @@ class _ExchangeFinish(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ex = ctx.ex
-        ex.pending_bwd = _encoded_a2a_start(grad.contiguous(), ex.recv_shapes, ex.send_shapes,
+        ex.pending_bwd = encoded_exchange_start(grad.contiguous(), ex.recv_shapes, ex.send_shapes,
                                             ex.bwd, ex.group, ex.stats, ex.name + "_grad",
                                             ex.bwd_scale)
         return grad.new_zeros(0), None

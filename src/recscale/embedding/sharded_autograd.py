@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from recscale.comm.collectives import _encoded_a2a, all_to_all_1d
+from recscale.comm.collectives import encoded_exchange, all_to_all_1d
 
 
 class OwnRowsGatherGrad(torch.autograd.Function):
@@ -29,7 +29,7 @@ class OwnRowsGatherGrad(torch.autograd.Function):
         batch_sizes, rank, group, stats, w, codec, scale = ctx.args
         world_size = len(batch_sizes)
         flat = grad.contiguous().reshape(-1).repeat(world_size)
-        g = _encoded_a2a(flat, [(batch_sizes[rank], w)] * world_size, [(b, w) for b in batch_sizes],
+        g = encoded_exchange(flat, [(batch_sizes[rank], w)] * world_size, [(b, w) for b in batch_sizes],
                          codec, group, stats, "dp_output_grad", scale)
         return g.view(-1, w), None, None, None, None, None, None, None
 
