@@ -50,8 +50,11 @@ def test_the_safe_teardown_order_never_hangs(tmp_path):
     assert sorted(res) == [0, 1] and all(len(r) == 60 for r in res.values())
 
 
-def test_a_rank_stuck_holding_the_gil_is_ended_and_named(tmp_path):
-    cfg = LaunchConfig(world_size=2, exit_timeout_s=EXIT_S)
+def test_a_rank_stuck_holding_the_gil_is_ended_named_and_not_restarted(tmp_path):
+    """Ended within the deadline, named with where it was; and although the elastic agent may
+    restart the group (max_restarts=2), the restarted workers find the launch ended and fail at
+    once: the job ran once."""
+    cfg = LaunchConfig(world_size=2, exit_timeout_s=EXIT_S, max_restarts=2)
     with pytest.raises(RankExitTimeoutError) as err:
         launch(TW.stuck_worker, ("inside", str(tmp_path)), cfg)
     failed_after = time.time() - float((tmp_path / "returned.rank1").read_text())
@@ -60,18 +63,9 @@ def test_a_rank_stuck_holding_the_gil_is_ended_and_named(tmp_path):
     assert msg.startswith("rank 0 did not exit within 3 s after rank 1 returned: it was still "
                           "inside stuck_worker"), msg
     assert "_hold_the_gil_forever" in msg  # where it was: its Python stack
-    assert failed_after < EXIT_S + 10, failed_after
-
-
-def test_an_ended_rank_is_not_restarted_by_the_elastic_agent(tmp_path):
-    cfg = LaunchConfig(world_size=2, exit_timeout_s=EXIT_S, max_restarts=2)
-    t0 = time.perf_counter()
-    with pytest.raises(RankExitTimeoutError, match=r"^rank 0 did not exit within 3 s"):
-        launch(TW.stuck_worker, ("inside", str(tmp_path)), cfg)
-    # the restarted workers found the launch ended and failed at once: the job ran once
+    assert failed_after < EXIT_S + 15, failed_after
     assert len((tmp_path / "entered.rank0").read_text().split()) == 1
     assert len((tmp_path / "entered.rank1").read_text().split()) == 1
-    assert time.perf_counter() - t0 < 120
 
 
 def test_a_rank_stuck_in_its_exit_after_returning_is_ended_and_named(tmp_path):
