@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from recscale.comm.collectives import encoded_exchange, all_to_all_1d
+from recscale.comm.collectives import all_to_all_1d, encoded_exchange
 
 
 class OwnRowsGatherGrad(torch.autograd.Function):
