@@ -90,8 +90,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--cycle-timeout", type=float, default=30.0)
     ap.add_argument("--try-timeout", type=int, default=180)
     ap.add_argument("--stress", type=int, default=2, help="busy-loop processes meanwhile")
+    ap.add_argument("--start-method", choices=["forkserver", "spawn"], default="forkserver",
+                    help="how the launcher starts workers (train.launch.start_method)")
     args = ap.parse_args(argv)
-    cfg = LaunchConfig(world_size=args.world_size, exit_timeout_s=args.exit_timeout)
+    cfg = LaunchConfig(world_size=args.world_size, exit_timeout_s=args.exit_timeout,
+                       start_method=args.start_method)
     fn = TW.unsafe_teardown_worker if args.order == "unsafe" else TW.safe_teardown_worker
     busy = [mp.get_context("spawn").Process(target=_busy, daemon=True) for _ in range(args.stress)]
     for p in busy:

@@ -50,6 +50,26 @@ def test_pipelined_and_plain_training_give_identical_weights(parquet_dataset, tm
     assert a.result.extra["bytes_per_step"] == b.result.extra["bytes_per_step"]
 
 
+def test_a_worker_sees_the_launchers_environment_at_launch_time(monkeypatch):
+    """Forked from a fork server started at an earlier launch, a worker still sees what the
+    launching process set or removed since, and elastic's own per-worker values; a spawned
+    worker (start_method: spawn) sees the same."""
+    names = ["RECSCALE_TEST_SET", "RECSCALE_TEST_REMOVED", "RANK", "WORLD_SIZE"]
+    cfg = LaunchConfig(world_size=2)
+    assert cfg.start_method == "forkserver"
+    monkeypatch.setenv("RECSCALE_TEST_REMOVED", "before")
+    monkeypatch.setenv("RANK", "7")  # the launcher's own: elastic's value wins in a worker
+    first = launch(W.environment_worker, (names,), cfg)
+    assert [first[r]["RECSCALE_TEST_REMOVED"] for r in (0, 1)] == ["before", "before"]
+    monkeypatch.setenv("RECSCALE_TEST_SET", "after")
+    monkeypatch.delenv("RECSCALE_TEST_REMOVED")
+    want = {r: {"RECSCALE_TEST_SET": "after", "RECSCALE_TEST_REMOVED": None, "RANK": str(r),
+                "WORLD_SIZE": "2"} for r in (0, 1)}
+    assert launch(W.environment_worker, (names,), cfg) == want
+    spawned = LaunchConfig(world_size=2, start_method="spawn")
+    assert launch(W.environment_worker, (names,), spawned) == want
+
+
 def test_a_worker_exception_fails_the_run_with_its_traceback():
     cfg = LaunchConfig(world_size=2)
     with pytest.raises(WorkerFailedError) as err:

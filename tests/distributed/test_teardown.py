@@ -31,7 +31,10 @@ def test_the_safe_teardown_order_never_hangs(tmp_path):
     the cores (what makes gloo's thread late). Each group is bounded (20 s, then the rank's
     stacks are dumped and it exits); all 60 must finish on both ranks. The unsafe order under
     the same conditions hung in 9 of 10 launches of 60 groups (1 hang per 35 groups):
-    ``python benchmarks/repro_teardown_hang.py --tries 10 --cycles 60 --stress 2``."""
+    ``python benchmarks/repro_teardown_hang.py --tries 10 --cycles 60 --stress 2
+    --start-method spawn``. Spawned workers, as measured there: forked from the fork server (the
+    launcher's default) the unsafe order hangs too, but less often (3 of 5 launches, 1 per 62
+    groups: the same command with ``--tries 5 --start-method forkserver``)."""
     ctx = mp.get_context("spawn")
     busy = [ctx.Process(target=_busy, daemon=True) for _ in range(2)]
     for p in busy:
@@ -39,7 +42,7 @@ def test_the_safe_teardown_order_never_hangs(tmp_path):
     res, error = None, None
     try:
         res = launch(TW.safe_teardown_worker, ("mlp", 4, 60, str(tmp_path), 20.0),
-                     LaunchConfig(world_size=2, exit_timeout_s=30))
+                     LaunchConfig(world_size=2, exit_timeout_s=30, start_method="spawn"))
     except Exception as exc:  # noqa: BLE001 - reported below with the hung rank's stacks
         error = exc
     finally:

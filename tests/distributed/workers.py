@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import torch
@@ -146,6 +147,12 @@ def _memory(ctx: WorkerContext, plan_d: dict) -> dict:
                                 feature_names=tuple(t.feature_names[0] for t in plan.tables))
     return {"measured": model.embeddings.memory_bytes()["fast"],
             "planned": plan.ranks[ctx.rank].memory(plan.topology.compute_tier)}
+
+
+@worker_entry
+def environment_worker(names: list[str]) -> dict[str, str | None]:
+    """This worker's values of ``names`` (no process group needed)."""
+    return {n: os.environ.get(n) for n in names}
 
 
 @worker_entry

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recscale.config import Validated, check
+from recscale.config import Validated, check, check_choice
+
+START_METHODS = ("forkserver", "spawn")
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,8 @@ class LaunchConfig(Validated):
     collective_timeout_s: float = 300.0  # a collective (or the final barrier) stuck this long fails
     exit_timeout_s: float = 60.0  # a rank still running this long after the last rank finished
     # is ended, and the launch fails naming it
+    start_method: str = "forkserver"  # forkserver: workers forked from one process with torch
+    # imported (fast starts and restarts); spawn: a fresh interpreter per worker
 
     def validate(self, prefix: str = "train.launch") -> None:
         check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
@@ -32,6 +36,7 @@ class LaunchConfig(Validated):
         check(self.collective_timeout_s > 0, f"{prefix}.collective_timeout_s",
               self.collective_timeout_s, "> 0")
         check(self.exit_timeout_s > 0, f"{prefix}.exit_timeout_s", self.exit_timeout_s, "> 0")
+        check_choice(f"{prefix}.start_method", self.start_method, START_METHODS)
 
     @property
     def nproc_per_node(self) -> int:

@@ -5,10 +5,17 @@ exception fails the whole group, and the error raised here carries that worker's
 Nothing waits forever: collectives time out after ``collective_timeout_s``, and an exit watch
 ends a rank that is still running ``exit_timeout_s`` after the last rank finished (whatever it
 is stuck in, GIL held or not) and fails the launch naming it, with its Python stack.
+
+Workers start from multiprocessing's fork server (``start_method: forkserver``, the default on
+Linux): one clean process with torch imported, started at the first launch, forks every worker,
+so a launch or an elastic restart takes a fraction of a second instead of the seconds a spawned
+interpreter needs to import torch. A worker sees the launching process's environment as it is at
+launch time (as a spawned one would), with elastic's per-worker variables on top.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -60,7 +67,7 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
         rdzv_endpoint=cfg.rdzv_endpoint,
         max_restarts=cfg.max_restarts,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=_start_method(cfg.start_method),
         # error files let a worker's traceback reach the exception raised here
         logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="recscale-elastic-")),
     )
@@ -69,9 +76,10 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
     os.environ[markers.ENV] = where  # spawned workers inherit it
     watch = ExitWatch(where, cfg.exit_timeout_s)
     watch.start()
+    entry = fn if lc.start_method == "spawn" else InLaunchEnvironment(fn, dict(os.environ))
     try:
         try:
-            results = elastic_launch(lc, fn)(*args)
+            results = elastic_launch(lc, entry)(*args)
         except ChildFailedError as exc:
             failure = _failure(where, watch)
             if failure is None:
@@ -85,6 +93,50 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
         else:
             os.environ[markers.ENV] = previous
         shutil.rmtree(where, ignore_errors=True)
+
+
+# what elastic sets for each worker (torchrun's documented worker environment and the agent's
+# own): these keep elastic's values in a worker; every other variable is the launcher's
+ELASTIC_VARIABLES = frozenset({
+    "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHON_EXEC"})
+# imported by the fork server before it forks a worker: nothing that may initialise CUDA (a forked
+# worker could not use it; fbgemm_gpu's import calls torch.cuda.is_available(), so not fbgemm)
+FORKSERVER_PRELOAD = ["torch", "torch.distributed.checkpoint", "torch.nn.parallel",
+                      "torch.distributed.elastic.multiprocessing.api"]
+
+
+def _start_method(name: str) -> str:
+    """``forkserver`` (started once, with torch imported) where the platform has it, else spawn."""
+    import multiprocessing
+
+    if name != "forkserver" or name not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # used when the server starts
+    return name
+
+
+class InLaunchEnvironment:
+    """A forked worker's entry point: sets the environment the launching process had at launch
+    time (the fork server's is from when it started), keeps elastic's per-worker variables, then
+    calls ``fn``."""
+
+    def __init__(self, fn: Callable[..., Any], environ: dict[str, str]):
+        self.fn, self.environ = fn, environ
+        functools.update_wrapper(self, fn)  # elastic names the entry point by fn's names
+
+    def __call__(self, *args: Any) -> Any:
+        elastic = {k: v for k, v in os.environ.items() if _is_elastic(k)}
+        for k in [k for k in os.environ if k not in self.environ and not _is_elastic(k)]:
+            del os.environ[k]
+        os.environ.update({k: v for k, v in self.environ.items() if not _is_elastic(k)})
+        os.environ.update(elastic)
+        return self.fn(*args)
+
+
+def _is_elastic(name: str) -> bool:
+    return name in ELASTIC_VARIABLES or name.startswith("TORCHELASTIC_")
 
 
 def _failure(where: str, watch: ExitWatch) -> WorkerFailedError | None:
