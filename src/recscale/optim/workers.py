@@ -1,4 +1,4 @@
-"""Worker function for data-parallel HF training (importable at module level for spawn)."""
+"""Worker function for data-parallel HF training (importable at module level, as the launcher needs)."""
 
 from __future__ import annotations
 
