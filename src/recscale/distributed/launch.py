@@ -73,7 +73,7 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
     )
     where = tempfile.mkdtemp(prefix="recscale-launch-")
     previous = os.environ.get(markers.ENV)
-    os.environ[markers.ENV] = where  # spawned workers inherit it
+    os.environ[markers.ENV] = where  # workers get it: inherited (spawn) or InLaunchEnvironment
     watch = ExitWatch(where, cfg.exit_timeout_s)
     watch.start()
     entry = fn if lc.start_method == "spawn" else InLaunchEnvironment(fn, dict(os.environ))
@@ -127,11 +127,9 @@ class InLaunchEnvironment:
         functools.update_wrapper(self, fn)  # elastic names the entry point by fn's names
 
     def __call__(self, *args: Any) -> Any:
-        elastic = {k: v for k, v in os.environ.items() if _is_elastic(k)}
         for k in [k for k in os.environ if k not in self.environ and not _is_elastic(k)]:
             del os.environ[k]
         os.environ.update({k: v for k, v in self.environ.items() if not _is_elastic(k)})
-        os.environ.update(elastic)
         return self.fn(*args)
 
 

@@ -167,8 +167,7 @@ def init_worker(cfg: LaunchConfig, device: str = "cpu") -> WorkerContext:
             # per-attempt prefix the restarted ranks read the dead ranks' gloo addresses
             # ("connectFullMesh ... Connection refused"). The group count lets one process
             # join, leave and join again.
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            prefix = f"recscale/attempt{attempt}"
+            prefix = f"recscale/attempt{markers.attempt()}"
             if _groups_joined:
                 prefix += f"/group{_groups_joined}"
             store = dist.PrefixStore(prefix, dist.TCPStore(
