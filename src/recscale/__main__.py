@@ -1,13 +1,18 @@
-"""``python -m recscale`` runs the Kedro project like ``kedro run`` does."""
+"""``recscale`` / ``python -m recscale``: runs the Kedro project like ``kedro run`` does;
+``recscale join --endpoint host:port`` takes part in a job across hosts (``recscale.cli``)."""
 
 import sys
 from pathlib import Path
 
-from kedro.framework.cli.utils import find_run_command
-from kedro.framework.project import configure_project
-
 
 def main(*args, **kwargs):
+    if not args and sys.argv[1:2] == ["join"]:
+        from recscale.cli import join_main
+
+        sys.exit(join_main(sys.argv[2:]))
+    from kedro.framework.cli.utils import find_run_command
+    from kedro.framework.project import configure_project
+
     package_name = Path(__file__).parent.name
     configure_project(package_name)
     interactive = hasattr(sys, "ps1")

@@ -48,9 +48,14 @@ class RankExitTimeoutError(WorkerFailedError):
         self.ranks = ranks
 
 
-def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, Any]:
+def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig, run_id: str | None = None,
+           external_store: bool = False) -> dict[int, Any]:
     """Run ``fn(*args)`` on ``cfg.world_size`` ranks (``cfg.nproc_per_node`` on this host);
-    under torchrun, run it in this process as the rank torchrun made."""
+    under torchrun, run it in this process as the rank torchrun made.
+
+    Several hosts (``cfg.nnodes`` > 1 or a range): every host calls this with the same
+    ``run_id``; ``external_store``: the rendezvous store at ``cfg.rdzv_endpoint`` is served by
+    someone else (the driver's :class:`recscale.distributed.job.JobServer`)."""
     if in_torchrun():
         return {int(os.environ["RANK"]): fn(*args)}
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -58,13 +63,16 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
 
+    hosts = _HostSettings(cfg, external_store) if cfg.multi_host else None
     lc = ElasticConfig(
-        min_nodes=cfg.nnodes,
-        max_nodes=cfg.nnodes,
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
         nproc_per_node=cfg.nproc_per_node,
-        run_id=f"recscale-{uuid.uuid4().hex[:8]}",
+        run_id=run_id or f"recscale-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint=cfg.rdzv_endpoint,
+        rdzv_configs=hosts.rdzv_configs if hosts else {},
+        local_addr=hosts.local_addr if hosts else None,
         max_restarts=cfg.max_restarts,
         monitor_interval=0.1,
         start_method=_start_method(cfg.start_method),
@@ -72,8 +80,10 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
         logs_specs=DefaultLogsSpecs(log_dir=tempfile.mkdtemp(prefix="recscale-elastic-")),
     )
     where = tempfile.mkdtemp(prefix="recscale-launch-")
-    previous = os.environ.get(markers.ENV)
+    saved = {k: os.environ.get(k) for k in (markers.ENV, *_HostSettings.ENV)}
     os.environ[markers.ENV] = where  # workers get it: inherited (spawn) or InLaunchEnvironment
+    if hosts:
+        hosts.apply_env()
     watch = ExitWatch(where, cfg.exit_timeout_s)
     watch.start()
     entry = fn if lc.start_method == "spawn" else InLaunchEnvironment(fn, dict(os.environ))
@@ -88,11 +98,48 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig) -> dict[int, 
         return results
     finally:
         watch.stop()
-        if previous is None:
-            os.environ.pop(markers.ENV, None)
-        else:
-            os.environ[markers.ENV] = previous
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         shutil.rmtree(where, ignore_errors=True)
+
+
+class _HostSettings:
+    """What a launch across hosts adds: this host's address (the one that routes to the
+    rendezvous), gloo on that interface, the rendezvous' deadlines, and a workers' store that
+    is rebuilt every round (the agent store torch shares by default lives in one agent's
+    process: a lost host could take it along)."""
+
+    ENV = ("GLOO_SOCKET_IFNAME", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+
+    def __init__(self, cfg: LaunchConfig, external_store: bool):
+        from recscale.distributed.netaddr import interface_of, route_addr
+
+        try:
+            self.local_addr = cfg.local_addr or route_addr(cfg.rdzv_endpoint)
+        except OSError as exc:
+            raise ConnectionError(f"train.launch.rdzv_endpoint={cfg.rdzv_endpoint!r}: no route "
+                                  f"from this host ({exc})") from None
+        self.ifname = interface_of(self.local_addr)
+        beat = max(1, round(cfg.heartbeat_s))
+        self.rdzv_configs = {
+            "join_timeout": max(1, round(cfg.rdzv_timeout_s)),
+            "last_call_timeout": max(1, round(cfg.last_call_s)),
+            "close_timeout": max(1, round(cfg.rdzv_timeout_s)),
+            "heartbeat_timeout": 3 * beat,
+            "keep_alive_interval": beat,
+            "keep_alive_max_attempt": 3,
+            "read_timeout": max(1, round(cfg.rdzv_timeout_s)),
+        }
+        if external_store:
+            self.rdzv_configs["is_host"] = False
+
+    def apply_env(self) -> None:
+        if self.ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
+            os.environ["GLOO_SOCKET_IFNAME"] = self.ifname
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 
 # what elastic sets for each worker (torchrun's documented worker environment and the agent's

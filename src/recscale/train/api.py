@@ -20,12 +20,14 @@ from recscale.config import ConfigError, to_dict
 from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import count_rows
 from recscale.distributed import in_torchrun, launch, resolve_device, set_threads
+from recscale.distributed.job import make_spec, serve_and_launch
 from recscale.embedding.placement import placements_from_plan
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm, copy_tables
-from recscale.sharding import ShardingPlan, plan_sharding
+from recscale.sharding import ShardingConfig, ShardingPlan, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.config import DLRMConfig, TrainConfig
+from recscale.train.job import job_payload, job_worker, read_events
 from recscale.train.loop import run_loop
 from recscale.train.runtime import LocalRuntime
 from recscale.train.sharded import TrainResult, loader_data, sharded_train_worker, summarize
@@ -65,12 +67,18 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                plan: ShardingPlan | dict | None = None, out_dir: str | None = None,
                comms: CommsConfig | None = None,
                init_state: dict[str, torch.Tensor] | None = None,
-               sharded: bool | None = None) -> TrainOutcome:
+               sharded: bool | None = None,
+               sharding: ShardingConfig | None = None) -> TrainOutcome:
     """Train on the manifest's train split: in this process when ``train.launch.world_size`` is
     1, else sharded over that many workers as ``plan`` says (under torchrun: as this process's
     rank; every rank returns the trained model); ``sharded=True`` runs the sharded runtime also
     for one rank. ``init_state``: a state_dict to start from (a warm start; one process). Checks
-    that every train row was trained on, once per epoch."""
+    that every train row was trained on, once per epoch.
+
+    Several hosts (``train.launch.nnodes`` > 1 or a range): this process is the driver; it
+    publishes the job in its rendezvous store for the hosts that run ``recscale join`` (see
+    ``recscale.train.job``); ``sharding`` (the run's sharding block) lets the workers replan
+    when hosts are lost or come back."""
     comms = comms or CommsConfig()
     if isinstance(plan, dict):
         plan = ShardingPlan.from_dict(plan)
@@ -86,11 +94,14 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
         if init_state is not None:
             raise ValueError("init_state (a warm start from a state_dict) runs in one process; "
                              "the sharded runtime warm-starts from train.checkpoint.init_from")
-        model, results = _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir)
+        model, results, transitions = _train_sharded(manifest, model_cfg, train_cfg, comms, plan,
+                                                     out_dir, sharding)
         threads = train_cfg.num_threads or 0
     else:
         model, results, threads = _train_local(manifest, model_cfg, train_cfg, plan, init_state)
+        transitions = []
     result = summarize(results)
+    result.transitions = transitions
     check_rows_trained(result, rows, train_cfg)
     log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
              result.steps, result.samples, result.samples_per_s, result.final_loss)
@@ -133,18 +144,30 @@ def _train_local(manifest, model_cfg, train_cfg, plan, init_state):
     return model, {0: res.__dict__}, threads
 
 
-def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir):
+def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, sharding):
     if plan is None:
         raise ValueError("train.launch.world_size > 1 needs a sharding plan (the sharding "
                          "pipeline makes one)")
     if in_torchrun() and int(os.environ["WORLD_SIZE"]) != train_cfg.world_size:
         raise ConfigError(f"train.launch.world_size={train_cfg.world_size} is not allowed here: "
                           f"torchrun started {os.environ['WORLD_SIZE']} ranks")
-    out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")
-    # one id per launch: elastic restarts of the worker group resume from its checkpoints
-    local = launch(sharded_train_worker,
-                   (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
-                    plan.to_dict(), out_dir, new_run_id()), train_cfg.launch)
+    run_id = new_run_id()  # one id per launch: elastic restarts resume from its checkpoints
+    transitions = []
+    if train_cfg.launch.multi_host and not in_torchrun():
+        if sharding is None:
+            raise ValueError("a job across hosts needs the run's sharding block (train_dlrm("
+                             "..., sharding=cfg.sharding)): workers replan when hosts change")
+        cfg = DLRMConfig(sharding=sharding, comms=comms, model=model_cfg, train=train_cfg)
+        out_dir = out_dir or os.path.join(train_cfg.checkpoint.dir, run_id, "job")
+        os.makedirs(out_dir, exist_ok=True)
+        spec = make_spec(train_cfg.launch, run_id, job_payload(manifest, cfg, plan, out_dir))
+        local = serve_and_launch(job_worker, spec)
+        transitions = read_events(out_dir)
+    else:
+        out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")
+        local = launch(sharded_train_worker,
+                       (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
+                        plan.to_dict(), out_dir, run_id), train_cfg.launch)
     run = local[min(local)]  # every rank returns the whole run
     path = run["state_path"]
     if not os.path.exists(path):
@@ -152,7 +175,7 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir):
                            "ranks on several hosts need an output directory they all see")
     model = build_model_for(manifest, model_cfg, train_cfg)
     model.load_state_dict(torch.load(path, weights_only=True))
-    return model, run["ranks"]
+    return model, run["ranks"], transitions
 
 
 def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, tables,

@@ -104,6 +104,10 @@ class TrainConfig(Validated):
         check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
         check_choice(f"{prefix}.progress", self.progress, ("auto", "bar", "log", "off"))
         check_choice(f"{prefix}.device", self.device, ("auto", "cpu", "cuda"))
+        if self.launch.multi_host:
+            check(self.checkpoint.dir is not None, f"{prefix}.checkpoint.dir", None,
+                  f"a directory every host sees (a shared filesystem) with {prefix}.launch."
+                  f"nnodes={self.launch.nnodes!r}: the job's checkpoints and model go there")
         if self.fault_injection is not None:
             check(self.fault_injection.rank < self.world_size, f"{prefix}.fault_injection.rank",
                   self.fault_injection.rank, f"< {prefix}.launch.world_size={self.world_size}")

@@ -157,9 +157,11 @@ class _LogPoints:
 
 
 def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
-             ckpt: Checkpointer | None = None) -> RankResult:
+             ckpt: Checkpointer | None = None,
+             on_step: Callable[[RankResult, int], None] | None = None) -> RankResult:
     """Train ``rt`` for ``cfg.epochs`` (or ``cfg.max_steps``) on ``data``; checkpoints as
-    ``ckpt`` is configured, resuming first as ``train.checkpoint.resume`` says."""
+    ``ckpt`` is configured, resuming first as ``train.checkpoint.resume`` says. ``on_step(res,
+    global_batch)`` is called after every step (a job's progress record)."""
     res = RankResult(rank=rt.rank, planned_bytes=rt.planned_bytes)
     t_wall = time.perf_counter()
     start = _resume(ckpt, rt, data.steps_per_epoch, res) if ckpt is not None else _Position()
@@ -219,6 +221,8 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             res.step_seconds += dt
             res.comm_seconds += stats.total_seconds - comm0
             points.add(loss_sum, batch.batch_size, dt)
+            if on_step is not None:
+                on_step(res, global_batch)
             if res.steps % cfg.log_every == 0:
                 points.point()
             bar.update(res.steps, loss=f"{loss_sum / max(batch.batch_size, 1):.4f}")

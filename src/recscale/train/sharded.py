@@ -43,9 +43,11 @@ def loader_data(files, train_cfg: TrainConfig, rank: int, world_size: int,
 
 
 def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-               comms: CommsConfig, plan: ShardingPlan, out_dir: str, run_id: str) -> dict[str, Any]:
+               comms: CommsConfig, plan: ShardingPlan, out_dir: str, run_id: str,
+               on_step=None) -> dict[str, Any]:
     """One rank's whole run, inside ``run_in_group``: its model lives and dies in here, so it
-    is freed before the group is torn down, and only plain results leave."""
+    is freed before the group is torn down, and only plain results leave. ``on_step``: see
+    ``run_loop``."""
     set_threads(train_cfg.num_threads, ctx.local_world_size)
     rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms)
     files = manifest["splits"]["train"]["files"]
@@ -54,7 +56,7 @@ def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
         ckpt = Checkpointer(train_cfg.checkpoint, run_id, ctx.rank, ctx.world_size,
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
     res = run_loop(rt, loader_data(files, train_cfg, ctx.rank, ctx.world_size, ctx.device),
-                   train_cfg, ckpt)
+                   train_cfg, ckpt, on_step)
     tables_and_states = rt.model.embeddings.full_tables(dst=0)
     path = None
     if ctx.rank == 0:
@@ -100,6 +102,9 @@ class TrainResult:
     extra: dict[str, float] | None = None
     checkpoints: tuple[str, ...] = ()
     resumed_samples: int = 0  # samples trained before the checkpoint this run resumed from
+    # a job across hosts: one record per attempt of the worker group (world size, replanned,
+    # the step it resumed from, rows replayed); see recscale.train.job
+    transitions: list[dict] | None = None
 
     @property
     def samples_per_s(self) -> float:
