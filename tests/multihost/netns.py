@@ -335,9 +335,10 @@ def _remove(netns: list[str], links: list[str], timeout: float = 10.0) -> list[s
     after up to `timeout` s (a namespace's veth goes away when the kernel frees the namespace)."""
     present_links = set(list_links())
     present_ns = set(list_netns())
-    lines = [f"link del {name}" for name in links if name in present_links and "-v" in name]
+    veth = [name for name in links if name in present_links and re.search(r"-v\d+$", name)]
+    lines = [f"link del {name}" for name in veth]  # both ends go; then namespaces, then bridges
     lines += [f"netns del {name}" for name in netns if name in present_ns]
-    lines += [f"link del {name}" for name in links if name in present_links and "-v" not in name]
+    lines += [f"link del {name}" for name in links if name in present_links and name not in veth]
     if lines:
         _sh([_ip(), "-force", "-batch", "-"], input="\n".join(lines) + "\n", check=False)
     deadline = time.monotonic() + timeout
