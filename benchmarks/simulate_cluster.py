@@ -31,7 +31,8 @@ Assumptions (ours; none of them is a figure from the Neo paper):
   flat-ring formula the cost model uses for data-parallel tables. Its FLOPs are not modelled (the
   cost model has no dense compute term), so the predicted step time leaves out the MLPs' forward
   and backward; the flat ring over 128 ranks at one NIC's bandwidth is pessimistic against a
-  hierarchical all-reduce that uses all 8 NICs of a host at once (about 8x at 16 x 8).
+  hierarchical all-reduce that uses all 8 NICs of a host at once (8x fewer bytes per NIC; about
+  3 ms instead of 16 on zionex at 16 x 8).
 - Nothing overlaps: step time = the slowest rank's embedding compute + its intra-host and
   inter-host all-to-all seconds + the dense all-reduce. Neo pipelines and overlaps these, so its
   step is shorter than this sum would say for the same per-term costs.
@@ -74,8 +75,9 @@ PLANNER_OPTIONS: dict[str, Any] = {
     "optimizer": "exact_rowwise_adagrad",
     "comms": {"forward": "fp16", "backward": "bf16", "dense_allreduce": "fp32"},
 }
-NEO = ('Mudigere et al., "Software-Hardware Co-design for Fast and Scalable Training of Deep '
-       'Learning Recommendation Models", ISCA 2022 (arXiv:2104.05158)')
+NEO_CITATION = ('Neo: Mudigere et al., "Software-Hardware Co-design for Fast and Scalable Training '
+                'of Deep Learning Recommendation Models", ISCA 2022 (arXiv:2104.05158)')
+NEO = "Neo"
 DGX = "NVIDIA DGX H100 datasheet / DGX BasePOD reference architecture"
 
 # Figures reported by others, with where they come from; None = not known to us with confidence.
@@ -85,8 +87,8 @@ REPORTED: dict[str, dict[str, tuple[str | None, str]]] = {
         "parameters": ("12 trillion", NEO + ", abstract"),
         "samples/s": (None, "the paper's 12T throughput is not known to us with confidence"),
         "speed-up": ("up to 40x over existing systems", NEO + ", abstract"),
-        "HBM per rank": ("40 GB (A100 40 GB)", NEO + ", ZionEX platform"),
-        "inter-host link": ("200 Gb/s RoCE NIC per GPU", NEO + ", ZionEX platform"),
+        "HBM per rank": ("40 GB (A100 40 GB)", NEO + ", its description of the ZionEX platform"),
+        "inter-host link": ("200 Gb/s RoCE NIC per GPU", NEO + ", its description of the ZionEX platform"),
         "intra-host link": ("NVLink/NVSwitch (A100: 600 GB/s both ways per GPU)",
                             "NVIDIA A100 datasheet"),
         "DDR per host": (None, "the preset's 1.5 TB is the project's assumption"),
@@ -251,6 +253,7 @@ def simulate(tables: list[TableSpec], topo: Topology, local_batch: int = LOCAL_B
     return {
         "plan": plan,
         "rank_costs": rc,
+        "topology": topo.to_dict(),
         "hosts": topo.num_hosts,
         "ranks_per_host": topo.local_world_size,
         "tables": len(tables),
@@ -343,15 +346,20 @@ def markdown(results: list[dict[str, Any]]) -> str:
         ("samples/s, embeddings alone (planner's max rank cost)",
          lambda r: f"{r['global_batch'] / r['embedding_step_s']:,.0f}", None),
         ("speed-up over previous systems", lambda r: "", "speed-up"),
+        ("intra-host link per rank, one way (preset)",
+         lambda r: f"{r['topology']['intra_node_bw'] / 1e9:g} GB/s", "intra-host link"),
+        ("inter-host link per rank, one way (preset)",
+         lambda r: f"{r['topology']['inter_node_bw'] / 1e9:g} GB/s", "inter-host link"),
+        ("DDR per host (preset)",
+         lambda r: f"{r['topology']['ddr_bytes'] * r['ranks_per_host'] / 1e12:g} TB",
+         "DDR per host"),
         ("HBM per rank, GB (max used / capacity)", lambda r: tier(r, "hbm"), "HBM per rank"),
         ("DDR per rank, GB (max used / capacity)", lambda r: tier(r, "ddr"), None),
         ("SSD per rank, GB (max used / capacity)", lambda r: tier(r, "ssd"), None),
         ("intra-host bytes per step, GB, all ranks (MLP all-reduce's share)",
-         lambda r: f"{_gb(r['bytes_intra'])} ({_gb(r['dense_link_bytes']['intra'])})",
-         "intra-host link"),
+         lambda r: f"{_gb(r['bytes_intra'])} ({_gb(r['dense_link_bytes']['intra'])})", None),
         ("inter-host bytes per step, GB, all ranks (MLP all-reduce's share)",
-         lambda r: f"{_gb(r['bytes_inter'])} ({_gb(r['dense_link_bytes']['inter'])})",
-         "inter-host link"),
+         lambda r: f"{_gb(r['bytes_inter'])} ({_gb(r['dense_link_bytes']['inter'])})", None),
         ("inter-host bytes per step per rank, GB", lambda r: _gb(r["bytes_inter"]
                                                                   / (r["hosts"]
                                                                      * r["ranks_per_host"])),
@@ -378,7 +386,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 def sources(results: list[dict[str, Any]]) -> str:
     presets = list(dict.fromkeys(r["preset"] for r in results))
-    lines = []
+    lines = [f"- {NEO_CITATION}"] if "zionex" in presets else []
     for p in presets:
         for key, (fig, src) in REPORTED.get(p, {}).items():
             lines.append(f"- {p}, {key}: {fig if fig is not None else '(empty)'}: {src}")
@@ -389,7 +397,7 @@ def to_json(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         d = {k: v for k, v in r.items() if k not in ("plan", "rank_costs")}
-        d["topology"] = r["plan"].topology.to_dict()
+        d["rank_costs_s"] = {k: v.tolist() for k, v in r["rank_costs"].items()}
         d["planner_options"] = r["plan"].options.to_dict()
         out.append(d)
     return out
