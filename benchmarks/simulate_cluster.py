@@ -21,7 +21,7 @@ Assumptions (ours; none of them is a figure from the Neo paper):
   law: weight ~ 1 + Pareto(1.2), capped at 1,000 x the smallest, rows proportional to weight /
   dim; dims drawn uniformly from {64, 128, 192, 256}; pooling factors log-uniform in [1, 50]. Rows
   are scaled so that sum(rows x dim) equals the target exactly (the remainder goes to the largest
-  dim-64 table). With seed 0 the largest table holds about 15 % of the parameters.
+  dim-64 table). With seed 0 the largest table holds about 17 % of the parameters.
 - Local batch 512 per rank, so a global batch of 65,536 on 128 ranks. Neo's batch size for this
   model is not known to us with confidence; samples/s = global batch / predicted step time.
 - Weights fp16, optimizer exact row-wise AdaGrad (one fp32 per row), pooled embeddings on the wire
