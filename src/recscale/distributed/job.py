@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ from recscale.distributed.netaddr import split_endpoint
 log = logging.getLogger(__name__)
 
 JOB_KEY = "recscale/job"
+LEFT_KEY = "recscale/hosts_left"  # hosts other than the driver's that finished
 
 
 class JobError(RuntimeError):
@@ -40,14 +42,18 @@ class JobError(RuntimeError):
 def code_version() -> str:
     """``<package version>+<12 hex digits of a hash of every .py file of the package>``: two
     hosts with the same string run the same code."""
-    import recscale
+    import importlib.metadata
 
-    root = Path(recscale.__file__).parent
+    root = Path(__file__).resolve().parents[1]  # the recscale package
+    try:
+        version = importlib.metadata.version("recscale")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
     h = hashlib.sha256()
     for f in sorted(root.rglob("*.py")):
         h.update(str(f.relative_to(root)).encode())
         h.update(f.read_bytes())
-    return f"{recscale.__version__}+{h.hexdigest()[:12]}"
+    return f"{version}+{h.hexdigest()[:12]}"
 
 
 def _store(endpoint: str, timeout_s: float, is_master: bool):
@@ -71,6 +77,19 @@ class JobServer:
                            "an address of this host and a free port") from exc
         self.endpoint = endpoint
         self.store.set(JOB_KEY, json.dumps(spec))
+
+    def wait_for_leavers(self, hosts: int, timeout_s: float) -> int:
+        """Keep serving until ``hosts`` other hosts said they left (their agents close the
+        rendezvous through this store), or ``timeout_s``; -> how many did."""
+        deadline = time.monotonic() + timeout_s
+        left = int(self.store.add(LEFT_KEY, 0))
+        while left < hosts and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = int(self.store.add(LEFT_KEY, 0))
+        if left < hosts:
+            log.warning("%d of %d other host(s) did not say they left within %g s", hosts - left,
+                        hosts, timeout_s)
+        return left
 
     def close(self) -> None:
         self.store = None  # the server stops with its last reference
@@ -111,17 +130,23 @@ def launch_config_of(spec: dict[str, Any]) -> LaunchConfig:
     return parse(LaunchConfig, spec["launch"], "train.launch")
 
 
-def serve_and_launch(fn: Callable[[str], Any], spec: dict[str, Any]) -> dict[int, Any]:
+def serve_and_launch(fn: Callable[[str], Any], spec: dict[str, Any],
+                     world_size_of: Callable[[dict[int, Any]], int]) -> dict[int, Any]:
     """The driver: publish ``spec`` at its rendezvous endpoint and run this host's workers,
-    each calling ``fn(endpoint)`` (``fn`` reads the job with :func:`fetch_job`)."""
+    each calling ``fn(endpoint)`` (``fn`` reads the job with :func:`fetch_job`); then serve
+    until the other hosts of the last round (``world_size_of(results)`` ranks in all) left."""
     from recscale.distributed.launch import launch
 
     cfg = launch_config_of(spec)
-    with JobServer(cfg.rdzv_endpoint, spec, cfg.rdzv_timeout_s):
+    with JobServer(cfg.rdzv_endpoint, spec, cfg.rdzv_timeout_s) as server:
         log.info("serving job %s at %s: waiting for %s host(s) to join (recscale join "
                  "--endpoint %s)", spec["run_id"], cfg.rdzv_endpoint, cfg.nnodes,
                  cfg.rdzv_endpoint)
-        return launch(fn, (cfg.rdzv_endpoint,), cfg, run_id=spec["run_id"], external_store=True)
+        results = launch(fn, (cfg.rdzv_endpoint,), cfg, run_id=spec["run_id"],
+                         external_store=True)
+        server.wait_for_leavers(world_size_of(results) // cfg.nproc_per_node - 1,
+                                timeout_s=3 * cfg.heartbeat_s + 10)
+        return results
 
 
 def join(fn: Callable[[str], Any], endpoint: str, timeout_s: float) -> dict[int, Any]:
@@ -134,4 +159,10 @@ def join(fn: Callable[[str], Any], endpoint: str, timeout_s: float) -> dict[int,
     cfg = dataclasses.replace(launch_config_of(spec), rdzv_endpoint=endpoint, local_addr=None)
     log.info("joined job %s of the driver at %s: %d worker(s) on this host, %s host(s)",
              spec["run_id"], endpoint, cfg.nproc_per_node, cfg.nnodes)
-    return launch(fn, (endpoint,), cfg, run_id=spec["run_id"], external_store=True)
+    try:
+        return launch(fn, (endpoint,), cfg, run_id=spec["run_id"], external_store=True)
+    finally:
+        try:  # the driver serves the rendezvous until this host's agent closed it
+            _store(endpoint, 5.0, is_master=False).add(LEFT_KEY, 1)
+        except Exception:  # noqa: BLE001 - the driver is gone: nothing to tell
+            pass

@@ -161,7 +161,7 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
         out_dir = out_dir or os.path.join(train_cfg.checkpoint.dir, run_id, "job")
         os.makedirs(out_dir, exist_ok=True)
         spec = make_spec(train_cfg.launch, run_id, job_payload(manifest, cfg, plan, out_dir))
-        local = serve_and_launch(job_worker, spec)
+        local = serve_and_launch(job_worker, spec, lambda r: len(r[min(r)]["ranks"]))
         transitions = read_events(out_dir)
     else:
         out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")

@@ -1,0 +1,91 @@
+"""What the multi-host tests run inside the namespace hosts: a driver that trains exactly as the
+Kedro training node does (``train_dlrm`` with the run's blocks), and the data and plans they use.
+
+    python -m tests.multihost.jobs drive SPEC.json OUT_DIR
+
+SPEC.json: {"manifest_dir", "config" (DLRMConfig blocks), "plan": "planner" | "mixed"}; the
+driver writes OUT_DIR/state.pt (the trained model), OUT_DIR/result.json (counters and the job's
+transitions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+KINDS = ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise",
+         "table_column_wise"]
+
+
+def make_dataset(out: Path, rows: int = 24_000, row_group_size: int = 2000) -> Path:
+    from recscale.data.preprocess import PreprocessConfig, preprocess_criteo
+    from recscale.data.synthetic import generate_criteo_tsv
+    from tests.conftest import small_synthetic_config
+
+    rep = generate_criteo_tsv(small_synthetic_config(num_rows=rows), out / "day_00.tsv")
+    preprocess_criteo([rep.path], out / "parquet", PreprocessConfig(row_group_size=row_group_size),
+                      rep.cardinalities)
+    return out / "parquet"
+
+
+def mixed_plan(plan):
+    """``plan`` with every sharding type: table i gets KINDS[i % 6], laid out by hand over the
+    plan's hosts (hierarchical types inside host i % hosts)."""
+    from tests.distributed.workers import shard
+
+    W, L = plan.world_size, plan.local_world_size
+    hosts = W // L
+    tables = []
+    for i, tp in enumerate(plan.tables):
+        kind, rows, dim = KINDS[i % len(KINDS)], tp.num_embeddings, tp.embedding_dim
+        home = [(i % hosts) * L + k for k in range(L)]
+        if kind == "table_wise":
+            shards = [(W - 1 - i % W, 0, rows, 0, dim)]
+        elif kind in ("row_wise", "table_row_wise"):
+            holders = list(range(W))[::-1] if kind == "row_wise" else home
+            block = -(-rows // len(holders))
+            shards = [(r, k * block, min(block, rows - k * block), 0, dim)
+                      for k, r in enumerate(holders) if k * block < rows]
+        elif kind in ("column_wise", "table_column_wise"):
+            holders = [W - 1, 0] if kind == "column_wise" else home[::-1]
+            cut = dim // 4 if len(holders) == 2 else dim // len(holders)
+            shards = [(holders[0], 0, rows, 0, cut), (holders[1], 0, rows, cut, dim - cut)]
+        else:
+            shards = [(r, 0, rows, 0, dim) for r in range(W)]
+        specs = tuple(shard(*s) for s in shards)
+        tables.append(dataclasses.replace(tp, sharding_type=kind, shards=specs))
+    return dataclasses.replace(plan, tables=tuple(tables))
+
+
+def drive(spec_path: str, out_dir: str) -> None:
+    import torch
+
+    from recscale.config import parse
+    from recscale.data.preprocess import load_manifest
+    from recscale.train import DLRMConfig, train_dlrm
+    from recscale.train.api import plan_for_run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    spec = json.loads(Path(spec_path).read_text())
+    manifest = load_manifest(spec["manifest_dir"])
+    cfg = parse(DLRMConfig, spec["config"], "")
+    plan = plan_for_run(manifest, cfg)
+    if spec.get("plan") == "mixed":
+        plan = mixed_plan(plan)
+    out = train_dlrm(manifest, cfg.model, cfg.train, plan, comms=cfg.comms,
+                     sharding=cfg.sharding)
+    os.makedirs(out_dir, exist_ok=True)
+    torch.save(out.model.state_dict(), os.path.join(out_dir, "state.pt"))
+    r = out.result
+    Path(out_dir, "result.json").write_text(json.dumps(
+        {"steps": r.steps, "samples": r.samples, "final_loss": r.final_loss,
+         "transitions": r.transitions, "extra": r.extra}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "drive":
+        drive(sys.argv[2], sys.argv[3])

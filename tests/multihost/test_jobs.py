@@ -1,0 +1,197 @@
+"""Jobs across network-namespace hosts, started the way a user starts them: the driver trains as
+the Kedro node does (tests/multihost/jobs.py drive), every other host runs `recscale join`."""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.multihost
+
+PORT = 29400
+SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from tests.multihost.jobs import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("mh-data"))
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT / "src"),
+                                                       str(PROJECT_ROOT)]),
+               DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true",
+               MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def config(endpoint, world, nnodes, ckpt, **train):
+    launch = {"world_size": world, "nnodes": nnodes, "rdzv_endpoint": endpoint,
+              "collective_timeout_s": 60, "rdzv_timeout_s": 60, "last_call_s": 1,
+              "heartbeat_s": 1, "exit_timeout_s": 30, **train.pop("launch", {})}
+    return {"sharding": {"local_world_size": 2},
+            "model": SMALL,
+            "train": {"batch_size_per_rank": 250, "progress": "off", "log_every": 5,
+                      "launch": launch,
+                      "checkpoint": {"dir": str(ckpt), "every_steps": 3, "keep_last": 100,
+                                     **train.pop("checkpoint", {})}, **train}}
+
+
+def drive_cmd(tmp, name, dataset, cfg, plan="planner"):
+    spec = tmp / f"{name}.json"
+    spec.write_text(json.dumps({"manifest_dir": str(dataset), "config": cfg, "plan": plan}))
+    return [sys.executable, "-m", "tests.multihost.jobs", "drive", str(spec), str(tmp / name)]
+
+
+def join_cmd(endpoint, timeout=60):
+    return [sys.executable, "-m", "recscale", "join", "--endpoint", endpoint, "--timeout",
+            str(timeout)]
+
+
+def wait(proc, who, timeout=180):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"{who} did not finish within {timeout} s:\n{out[-4000:]}")
+    return proc.returncode, out
+
+
+KW = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def start_job(hosts, tmp, name, dataset, cfg, plan="planner", joiner_cwd=None):
+    ep = cfg["train"]["launch"]["rdzv_endpoint"]
+    driver = hosts[0].popen(drive_cmd(tmp, name, dataset, cfg, plan), env=_env(),
+                            cwd=PROJECT_ROOT, **KW)
+    joiners = [h.popen(join_cmd(ep), env=_env(), cwd=joiner_cwd or PROJECT_ROOT, **KW)
+               for h in list(hosts)[1:]]
+    return driver, joiners
+
+
+def run_job(hosts, tmp, name, dataset, cfg, plan="planner", joiner_cwd=None):
+    """The driver on host 0, `recscale join` on every other host; -> the driver's output dir."""
+    driver, joiners = start_job(hosts, tmp, name, dataset, cfg, plan, joiner_cwd)
+    rc, out = wait(driver, "the driver")
+    assert rc == 0, out[-6000:]
+    for i, j in enumerate(joiners, 1):
+        jrc, jout = wait(j, f"host {i}")
+        assert jrc == 0, jout[-4000:]
+    return tmp / name
+
+
+def run_single(tmp, name, dataset, cfg, plan="planner"):
+    """The same job on one host (the root namespace), nnodes 1."""
+    res = subprocess.run(drive_cmd(tmp, name, dataset, cfg, plan), env=_env(), cwd=PROJECT_ROOT,
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return tmp / name
+
+
+def same_state(a: Path, b: Path, rtol=0.0):
+    sa = torch.load(a / "state.pt", weights_only=True)
+    sb = torch.load(b / "state.pt", weights_only=True)
+    assert sa.keys() == sb.keys()
+    if rtol == 0.0:
+        bad = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    else:
+        bad = [k for k in sa if not torch.allclose(sa[k], sb[k], rtol=rtol, atol=1e-7)]
+    assert not bad, f"differ: {bad[:5]}"
+
+
+def result(d: Path) -> dict:
+    return json.loads((d / "result.json").read_text())
+
+
+def test_two_hosts_train_bitwise_what_one_host_trains_with_every_sharding_type(
+        netns_hosts, dataset, tmp_path):
+    hosts = netns_hosts(2)
+    ep = f"{hosts[0].addr}:{PORT}"
+    cfg = config(ep, 4, 2, tmp_path / "ck-multi", max_steps=8)
+    # the joining host runs from a directory whose local config says something else: unused
+    other = tmp_path / "other-project"
+    (other / "conf" / "base").mkdir(parents=True)
+    (other / "conf" / "base" / "parameters_dlrm.yml").write_text(
+        "train:\n  batch_size_per_rank: 7\n  launch:\n    world_size: 1\n")
+    multi = run_job(hosts, tmp_path, "multi", dataset, cfg, plan="mixed", joiner_cwd=other)
+    single_cfg = config("127.0.0.1:0", 4, 1, tmp_path / "ck-single", max_steps=8)
+    single = run_single(tmp_path, "single", dataset, single_cfg, plan="mixed")
+    same_state(multi, single)
+    r = result(multi)
+    assert r["steps"] == 8 and r["samples"] == 8 * 4 * 250
+    assert [t["world_size"] for t in r["transitions"]] == [4]
+
+
+def _job_file(ckpt: Path, name: str) -> Path | None:
+    found = sorted(ckpt.glob(f"*/job/{name}"))
+    return found[0] if found else None
+
+
+def wait_for(pred, what, timeout=120, every=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(every)
+    pytest.fail(f"{what} did not happen within {timeout} s")
+
+
+def progress_step(ckpt):
+    f = _job_file(ckpt, "progress.json")
+    if f is None:
+        return 0
+    try:
+        return json.loads(f.read_text())["step"]
+    except (ValueError, KeyError):
+        return 0
+
+
+def events(ckpt):
+    f = _job_file(ckpt, "events.jsonl")
+    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f else []
+
+
+def resume_reference(tmp, name, dataset, ckpt, step, world, epochs):
+    """One host, ``world`` ranks, resuming from the job's own checkpoint of ``step``: the
+    uninterrupted run that switched world size at that checkpoint."""
+    path = next(ckpt.glob(f"*/step-{step:08d}"))
+    cfg = config("127.0.0.1:0", world, 1, tmp / f"ck-{name}", epochs=epochs,
+                 checkpoint={"resume": str(path), "every_steps": 0})
+    return run_single(tmp, name, dataset, cfg)
+
+
+def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at_that_checkpoint(
+        netns_hosts, dataset, tmp_path):
+    hosts = netns_hosts(3)
+    ep = f"{hosts[0].addr}:{PORT}"
+    ckpt = tmp_path / "ck"
+    cfg = config(ep, 6, "2:3", ckpt, epochs=2, launch={"max_restarts": 3})
+    driver, joiners = start_job(hosts, tmp_path, "job", dataset, cfg)
+    kill_at = random.Random(os.getpid()).randint(4, 10)
+    wait_for(lambda: progress_step(ckpt) >= kill_at, f"step {kill_at}")
+    hosts.kill_host(2)
+    rc, out = wait(driver, "the driver")
+    assert rc == 0, out[-6000:]
+    assert wait(joiners[0], "host 1")[0] == 0
+    r = result(tmp_path / "job")
+    worlds = [t["world_size"] for t in r["transitions"]]
+    assert worlds == [6, 4], r["transitions"]
+    shrink = r["transitions"][1]
+    assert shrink["replanned"] and shrink["previous_world_size"] == 6
+    assert shrink["start_step"] % 3 == 0 and shrink["start_step"] <= kill_at + 3
+    ref = resume_reference(tmp_path, "ref", dataset, ckpt, shrink["start_step"], 4, epochs=2)
+    same_state(tmp_path / "job", ref, rtol=1e-5)
