@@ -4,7 +4,6 @@ the Kedro node does (tests/multihost/jobs.py drive), every other host runs `recs
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
