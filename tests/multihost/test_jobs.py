@@ -4,6 +4,7 @@ the Kedro node does (tests/multihost/jobs.py drive), every other host runs `recs
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -194,3 +195,65 @@ def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at
     assert shrink["start_step"] % 3 == 0 and shrink["start_step"] <= kill_at + 3
     ref = resume_reference(tmp_path, "ref", dataset, ckpt, shrink["start_step"], 4, epochs=2)
     same_state(tmp_path / "job", ref, rtol=1e-5)
+
+
+def test_a_returning_host_is_taken_back_at_the_next_restart_and_the_job_grows(
+        netns_hosts, dataset, tmp_path):
+    hosts = netns_hosts(3)
+    ep = f"{hosts[0].addr}:{PORT}"
+    ckpt = tmp_path / "ck"
+    cfg = config(ep, 6, "2:3", ckpt, epochs=6, launch={"max_restarts": 3})
+    driver, joiners = start_job(hosts, tmp_path, "job", dataset, cfg)
+    wait_for(lambda: progress_step(ckpt) >= 4, "step 4")
+    hosts.kill_host(2)
+    wait_for(lambda: len(events(ckpt)) >= 2, "the shrink")
+    back = hosts[2].popen(join_cmd(ep), env=_env(), cwd=PROJECT_ROOT, **KW)
+    rc, out = wait(driver, "the driver")
+    assert rc == 0, out[-6000:]
+    assert wait(joiners[0], "host 1")[0] == 0
+    assert wait(back, "host 2, back")[0] == 0
+    r = result(tmp_path / "job")
+    worlds = [t["world_size"] for t in r["transitions"]]
+    assert worlds == [6, 4, 6], r["transitions"]
+    grow = r["transitions"][2]
+    assert grow["replanned"] is False and grow["previous_world_size"] == 4
+    ref = resume_reference(tmp_path, "ref", dataset, ckpt, grow["start_step"], 6, epochs=6)
+    same_state(tmp_path / "job", ref, rtol=1e-5)
+
+
+def test_a_host_with_other_code_is_refused_naming_both_versions_and_the_driver_stops_waiting(
+        netns_hosts, dataset, tmp_path):
+    hosts = netns_hosts(2)
+    ep = f"{hosts[0].addr}:{PORT}"
+    other_src = tmp_path / "other-src"
+    shutil.copytree(PROJECT_ROOT / "src" / "recscale", other_src / "recscale",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other_src / "recscale" / "train" / "loop.py", "a") as fh:
+        fh.write("\n# a local change\n")
+    cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 8})
+    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
+                            cwd=PROJECT_ROOT, **KW)
+    joiner = hosts[1].popen(join_cmd(ep), cwd=PROJECT_ROOT, **KW, env=_env(
+        PYTHONPATH=os.pathsep.join([str(other_src), str(PROJECT_ROOT)])))
+    jrc, jout = wait(joiner, "the joining host", timeout=60)
+    assert jrc == 2, jout[-3000:]
+    from recscale.distributed.job import code_version
+
+    mine = code_version()
+    assert f"runs recscale {mine}" in jout and "but the driver" in jout, jout[-2000:]
+    theirs = jout.split("this host runs recscale ")[1].split()[0]
+    assert theirs != mine
+    t0 = time.monotonic()
+    rc, out = wait(driver, "the driver", timeout=60)
+    assert rc != 0 and time.monotonic() - t0 < 40
+    assert "host(s) joined the rendezvous at" in out, out[-3000:]
+
+
+def test_an_unreachable_driver_is_a_clear_error_within_the_timeout(netns_hosts):
+    hosts = netns_hosts(2)
+    t0 = time.monotonic()
+    res = hosts[1].run(join_cmd(f"{hosts[0].addr}:{PORT}", timeout=3), env=_env(),
+                       cwd=PROJECT_ROOT, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"the driver at {hosts[0].addr}:{PORT} did not answer within 3 s" in res.stderr
+    assert time.monotonic() - t0 < 30

@@ -39,6 +39,10 @@ class WorkerFailedError(RuntimeError):
     """A worker failed; the message holds the first failing rank's traceback."""
 
 
+class RendezvousFailedError(WorkerFailedError):
+    """Hosts did not meet in time, or the rendezvous (the driver's store) went away."""
+
+
 class RankExitTimeoutError(WorkerFailedError):
     """A rank did not exit within ``exit_timeout_s`` after the last rank finished; the launcher
     ended it. ``ranks`` are the ranks it ended; the message says where each one was."""
@@ -60,6 +64,10 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig, run_id: str |
         return {int(os.environ["RANK"]): fn(*args)}
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
 
@@ -90,6 +98,17 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig, run_id: str |
     try:
         try:
             results = elastic_launch(lc, entry)(*args)
+        except RendezvousTimeoutError:
+            raise RendezvousFailedError(
+                f"fewer than {cfg.min_nodes} host(s) joined the rendezvous at "
+                f"{cfg.rdzv_endpoint} within train.launch.rdzv_timeout_s={cfg.rdzv_timeout_s:g} s"
+                f" (train.launch.nnodes={cfg.nnodes!r}): every other host runs `recscale join "
+                f"--endpoint {cfg.rdzv_endpoint}`") from None
+        except RendezvousConnectionError as exc:
+            raise RendezvousFailedError(
+                f"lost the rendezvous at {cfg.rdzv_endpoint} (the driver's host): {exc}; the job "
+                "cannot go on without it. Rerun the driver's command: the job resumes from its "
+                "last checkpoint") from None
         except ChildFailedError as exc:
             failure = _failure(where, watch)
             if failure is None:
