@@ -42,15 +42,31 @@ def join_main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     except Exception as exc:  # noqa: BLE001 - reported, then exit 1
-        log.error("the job ended with an error on this host: %s: %s\nIf the driver at %s is "
-                  "gone, rerun the driver's command: the job resumes from its last checkpoint.",
-                  type(exc).__name__, str(exc)[:2000], args.endpoint)
+        if not driver_answers(args.endpoint):
+            log.error("the driver at %s is gone (its rendezvous store does not answer), so the "
+                      "job ended on this host too. Rerun the driver's command: the job resumes "
+                      "from its last checkpoint (then run this command again here).\nWhat the "
+                      "workers here saw: %s: %s", args.endpoint, type(exc).__name__,
+                      str(exc).splitlines()[0][:500] if str(exc) else "")
+        else:
+            log.error("the job ended with an error on this host: %s: %s", type(exc).__name__,
+                      str(exc)[:3000])
         return 1
     run = results[min(results)]
     r0 = run["ranks"][min(run["ranks"])]
     log.info("the job finished: %d steps, final loss %.4f; this host ran ranks %s",
              r0["steps"], r0["final_loss"], sorted(results))
     return 0
+
+
+def driver_answers(endpoint: str, timeout_s: float = 3.0) -> bool:
+    from recscale.distributed.job import fetch_job
+
+    try:
+        fetch_job(endpoint, timeout_s)
+    except Exception:  # noqa: BLE001 - any failure: it does not answer
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -112,6 +112,13 @@ def same_state(a: Path, b: Path, rtol=0.0):
     assert not bad, f"differ: {bad[:5]}"
 
 
+def train_rows(dataset) -> int:
+    from recscale.data.loader import count_rows
+    from recscale.data.preprocess import load_manifest
+
+    return count_rows(load_manifest(dataset)["splits"]["train"]["files"])
+
+
 def result(d: Path) -> dict:
     return json.loads((d / "result.json").read_text())
 
@@ -257,3 +264,28 @@ def test_an_unreachable_driver_is_a_clear_error_within_the_timeout(netns_hosts):
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"the driver at {hosts[0].addr}:{PORT} did not answer within 3 s" in res.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_losing_the_driver_ends_the_job_clearly_and_rerunning_it_resumes_from_the_checkpoint(
+        netns_hosts, dataset, tmp_path):
+    hosts = netns_hosts(2)
+    ep = f"{hosts[0].addr}:{PORT}"
+    ckpt = tmp_path / "ck"
+    cfg = config(ep, 4, 2, ckpt, epochs=2, checkpoint={"resume": "latest"})
+    driver, joiners = start_job(hosts, tmp_path, "first", dataset, cfg)
+    wait_for(lambda: progress_step(ckpt) >= 5, "step 5")
+    t0 = time.monotonic()
+    hosts.kill_host(0)
+    jrc, jout = wait(joiners[0], "host 1 after the driver was lost", timeout=90)
+    assert jrc == 1, jout[-3000:]
+    assert "Rerun the driver's command" in jout and ep in jout, jout[-3000:]
+    assert time.monotonic() - t0 < 60
+    saved = sorted(int(p.name.split("-")[1]) for p in ckpt.glob("*/step-*")
+                   if not p.name.endswith(".tmp"))  # a write the loss cut short
+    assert saved, "no checkpoint before the driver was lost"
+    second = run_job(hosts, tmp_path, "second", dataset, cfg)
+    r = result(second)
+    first = r["transitions"][0]
+    assert first["resumed_from"] and first["start_step"] == saved[-1], (first, saved)
+    rows = train_rows(dataset)
+    assert r["steps"] == 2 * -(-rows // 1000) and r["samples"] == 2 * rows  # 2 epochs, 4 x 250
