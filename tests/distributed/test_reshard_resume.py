@@ -6,8 +6,10 @@ checkpoint without a kill."""
 
 import contextlib
 import glob
+import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +30,26 @@ from tests.distributed.workers import row_recording_train_worker
 pytestmark = pytest.mark.dist
 
 SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
-ROWS = 56_000  # the train split; its row ids are its positions 0..55999
-BATCH = 1000
+ROWS = 12_000  # the train split of ``dataset``; its row ids are its positions 0..11999
+BATCH = 500
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """A small dataset of its own (15,000 rows, row groups of 2,500): every test here trains
+    whole epochs."""
+    from recscale.data.loader import count_rows
+    from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
+    from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
+
+    d = tmp_path_factory.mktemp("reshard-data")
+    rep = generate_criteo_tsv(SyntheticConfig(num_rows=15_000, seed=3, cardinality_scale=0.0005,
+                                              keep_cardinality_below=200), d / "day_00.tsv")
+    preprocess_criteo([rep.path], d / "parquet", PreprocessConfig(row_group_size=2500),
+                      rep.cardinalities)
+    manifest = load_manifest(d / "parquet")
+    assert count_rows(manifest["splits"]["train"]["files"]) == ROWS
+    return manifest
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -100,66 +120,83 @@ def _exactly_once(*parts, epochs=1):
 
 
 @pytest.fixture(scope="module")
-def first(parquet_dataset, tmp_path_factory):
-    """2 ranks, stopped at step 6 of the 28 of epoch 1 (checkpoints at steps 3 and 6)."""
+def first(dataset, tmp_path_factory):
+    """2 ranks, stopped at step 3 of the 12 of epoch 1 (a checkpoint at step 3)."""
     d = tmp_path_factory.mktemp("first")
-    run, rows = _train(parquet_dataset, 2, d, max_steps=6)
-    assert len(_rows(rows)) == 6 * 2 * BATCH
+    run, rows = _train(dataset, 2, d, max_steps=3)
+    assert len(_rows(rows)) == 3 * 2 * BATCH
     return run, rows, run.result.checkpoints[-1]
 
 
-def test_two_ranks_stopped_mid_epoch_finish_it_on_one(parquet_dataset, first, tmp_path):
+def test_two_ranks_stopped_mid_epoch_finish_it_on_one(dataset, first, tmp_path):
     _, rows0, ckpt = first
-    one, rows1 = _train(parquet_dataset, 1, tmp_path, checkpoint={"resume": ckpt})
+    one, rows1 = _train(dataset, 1, tmp_path, checkpoint={"resume": ckpt})
     _exactly_once(rows0, rows1)
     x = one.result.extra
-    assert (x["resharded"], x["resharded_from"], x["reshard_step"]) == (1, 2, 6)
-    assert x["reshard_rows_remaining"] == ROWS - 12_000
-    assert one.result.samples == ROWS and one.result.steps == 6 + 44  # 44,000 rows left
+    assert (x["resharded"], x["resharded_from"], x["reshard_step"]) == (1, 2, 3)
+    assert x["reshard_rows_remaining"] == ROWS - 3000
+    assert one.result.samples == ROWS and one.result.steps == 3 + 18  # 9,000 rows left
 
 
-def test_a_kill_then_three_ranks_equals_the_same_switch_without_a_kill(parquet_dataset, first,
+def test_a_kill_then_three_ranks_equals_the_same_switch_without_a_kill(dataset, first,
                                                                      tmp_path):
     _, rows0, ckpt = first
-    reference, rows3 = _train(parquet_dataset, 3, tmp_path / "ref", checkpoint={"resume": ckpt})
+    reference, rows3 = _train(dataset, 3, tmp_path / "ref", checkpoint={"resume": ckpt})
     _exactly_once(rows0, rows3)
     assert reference.result.samples == ROWS
-    assert reference.result.steps == 6 + 15  # 44,000 rows over 3 ranks: 14,667 at most each
-    with pytest.raises((WorkerFailedError, ChildFailedError)):  # rank 1 dies at step 8
-        _train(parquet_dataset, 2, tmp_path / "kill", fault_injection={"rank": 1, "step": 8})
-    resumed, _ = _train(parquet_dataset, 3, tmp_path / "kill", checkpoint={"resume": "latest"})
-    assert resumed.result.extra["reshard_step"] == 6  # steps 7 and 8 were replayed
+    assert reference.result.steps == 3 + 6  # 9,000 rows over 3 ranks: 3,000 each
+    with pytest.raises((WorkerFailedError, ChildFailedError)):  # rank 1 dies at step 5
+        _train(dataset, 2, tmp_path / "kill", fault_injection={"rank": 1, "step": 5})
+    resumed, _ = _train(dataset, 3, tmp_path / "kill", checkpoint={"resume": "latest"})
+    assert resumed.result.extra["reshard_step"] == 3  # step 4 was replayed
     assert resumed.result.samples == ROWS
     _same(resumed, reference)
 
 
-def test_a_chain_of_switches_two_one_three_over_two_epochs(parquet_dataset, first, tmp_path):
-    """2 ranks stop at step 6, 1 rank goes on to step 26 (mid-epoch 1), 3 ranks finish both
+def test_a_chain_of_switches_two_one_three_over_two_epochs(dataset, first, tmp_path):
+    """2 ranks stop at step 3, 1 rank goes on to step 11 (mid-epoch 1), 3 ranks finish both
     epochs; a kill of the 3-rank run inside its resharded epoch resumes with 3 ranks from its own
     checkpoint (the same world size, the resharded epoch's rows) and ends bitwise the same."""
     _, rows0, ckpt = first
-    one, rows1 = _train(parquet_dataset, 1, tmp_path / "one", epochs=2, max_steps=26,
+    one, rows1 = _train(dataset, 1, tmp_path / "one", epochs=2, max_steps=11,
                         checkpoint={"resume": ckpt})
-    assert one.result.samples == 12_000 + 20_000
+    assert one.result.samples == 3000 + 4000
     mid = one.result.checkpoints[-1]
-    assert Path(mid).name == "step-00000026"
-    three, rows3 = _train(parquet_dataset, 3, tmp_path / "three", epochs=2,
+    assert Path(mid).name == "step-00000011"
+    three, rows3 = _train(dataset, 3, tmp_path / "three", epochs=2,
                           checkpoint={"resume": mid})
     _exactly_once(rows0, rows1, rows3, epochs=2)
     assert three.result.samples == 2 * ROWS
-    # 24,000 rows of epoch 1 left: 8 steps on 3 ranks; epoch 2: 19 steps
-    assert three.result.steps == 26 + 8 + 19
-    assert three.result.extra["reshard_rows_remaining"] == 24_000
-    killed, rows_k = _train(parquet_dataset, 3, tmp_path / "one", epochs=2,
+    # 5,000 rows of epoch 1 left: 4 steps on 3 ranks (1,667 rows at most each); epoch 2: 8
+    assert three.result.steps == 11 + 4 + 8
+    assert three.result.extra["reshard_rows_remaining"] == 5000
+    killed, rows_k = _train(dataset, 3, tmp_path / "one", epochs=2,
                             checkpoint={"resume": "latest"}, launch={"max_restarts": 1},
-                            fault_injection={"rank": 2, "step": 32, "kind": "kill"})
+                            fault_injection={"rank": 2, "step": 14, "kind": "kill"})
     assert killed.result.extra["resumed"] == 1 and killed.result.samples == 2 * ROWS
-    assert killed.result.extra["resharded"] == 0  # the restart resumed from step 30, 3 ranks
-    # the first attempt's steps 27..30 (its steps 0..3) count; its step 31 was replayed
-    _exactly_once(rows0, rows1, _rows(rows_k, lambda attempt, i: attempt == 1 or i < 4),
+    assert killed.result.extra["resharded"] == 0  # the restart resumed from step 12, 3 ranks
+    # the first attempt's step 12 (its step 0) counts; its step 13 was replayed
+    _exactly_once(rows0, rows1, _rows(rows_k, lambda attempt, i: attempt == 1 or i < 1),
                   epochs=2)
     # not bitwise: a same-world resume on 3 gloo ranks differs in the last bits also on main
     # (the dense gradients' 3-way sums are grouped differently in the first step after a
     # restart); the rows are checked exactly above
     for k, v in three.model.state_dict().items():
         torch.testing.assert_close(killed.model.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_a_checkpoint_without_work_lists_reshards_from_its_normal_shares(dataset, first,
+                                                                       tmp_path):
+    """Checkpoints written before work lists were recorded: each rank read its normal share,
+    batches x batch size rows of it."""
+    _, rows0, ckpt = first
+    old = tmp_path / "old" / "run" / Path(ckpt).name
+    shutil.copytree(ckpt, old)
+    m = json.loads((old / "manifest.json").read_text())
+    for p in m["progress"].values():
+        for key in ("work", "rows", "epoch_steps"):
+            del p[key]
+    (old / "manifest.json").write_text(json.dumps(m))
+    one, rows1 = _train(dataset, 1, tmp_path, checkpoint={"resume": str(old)})
+    _exactly_once(rows0, rows1)
+    assert one.result.extra["reshard_rows_remaining"] == ROWS - 3000
