@@ -267,3 +267,32 @@ def _codec_training(ctx: WorkerContext, precisions: list[str], steps: list[list[
         out[p] = {"losses": losses, "finite": params_finite,
                   "bytes": {k: v["bytes"] for k, v in stats.snapshot().items()}}
     return out
+
+
+@worker_entry
+def row_recording_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: dict,
+                               plan_d: dict, out_dir: str, run_id: str = "run") -> dict:
+    """``sharded_train_worker`` that also writes the row ids of every step this rank trains to
+    ``out_dir/rows-<run_id>-a<elastic attempt>-rank<r>-<i>.npy`` (i: the attempt's i-th step),
+    each as the step ends, so a killed attempt leaves the steps it finished."""
+    import inspect
+
+    from recscale.train import sharded
+    from recscale.train.step import ShardedStep
+
+    os.makedirs(out_dir, exist_ok=True)
+    tag = f"rows-{run_id}-a{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-rank{os.environ['RANK']}"
+    run, calls = ShardedStep.run, [0]
+
+    def recording(self, batch, started=None):
+        out = run(self, batch, started)
+        np.save(os.path.join(out_dir, f"{tag}-{calls[0]:05d}.npy"), batch.row_ids.cpu().numpy())
+        calls[0] += 1
+        return out
+
+    ShardedStep.run = recording  # in this worker process only
+    try:
+        return inspect.unwrap(sharded.sharded_train_worker)(manifest, model_d, train_d, comms_d,
+                                                            plan_d, out_dir, run_id)
+    finally:
+        ShardedStep.run = run

@@ -64,6 +64,26 @@ def shard_row_groups(refs: Sequence[RowGroupRef], rank: int, world_size: int) ->
     return out
 
 
+def select_rows(refs: Sequence[RowGroupRef], work: Sequence[Sequence[int]]) -> list[RowGroupRef]:
+    """The row groups (in part where needed) holding the row positions of ``work`` (intervals
+    [start, stop) of the rows of ``refs`` counted from 0; see ``recscale.data.work``), in the
+    order of ``work``."""
+    starts, pos = [], 0
+    for r in refs:
+        starts.append(pos)
+        pos += r.rows
+    out = []
+    for a, b in work:
+        if not 0 <= a <= b <= pos:
+            raise ValueError(f"row interval [{a}, {b}) is not allowed: these files hold {pos} rows")
+        for r, s in zip(refs, starts, strict=True):
+            lo, hi = max(a, s), min(b, s + r.rows)
+            if lo < hi:
+                out.append(RowGroupRef(r.path, r.index, r.num_rows, r.start + lo - s,
+                                       r.start + hi - s))
+    return out
+
+
 def rank_row_counts(files: Sequence[str | os.PathLike], world_size: int) -> list[int]:
     refs = list_row_groups(files)
     return [sum(r.rows for r in shard_row_groups(refs, k, world_size)) for k in range(world_size)]
@@ -209,9 +229,15 @@ class LoaderConfig(Validated):
         check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
 
 
-def make_loader(files: Sequence[str | os.PathLike], cfg: LoaderConfig) -> tn.Loader:
-    """A restartable loader of Batches over this rank's row groups of ``files``."""
-    refs = shard_row_groups(list_row_groups(files), cfg.rank, cfg.world_size)
+def make_loader(files: Sequence[str | os.PathLike], cfg: LoaderConfig,
+                work: Sequence[Sequence[int]] | None = None) -> tn.Loader:
+    """A restartable loader of Batches over this rank's row groups of ``files``, or over the
+    row positions ``work`` (intervals; the rest of an epoch resharded to another world size)."""
+    refs = list_row_groups(files)
+    if work is None:
+        refs = shard_row_groups(refs, cfg.rank, cfg.world_size)
+    else:
+        refs = select_rows(refs, work)
     node: tn.BaseNode = RowGroupSource(refs)
     node = tn.ParallelMapper(node, read_row_group, num_workers=max(1, cfg.reader_workers),
                              in_order=True, method="thread")

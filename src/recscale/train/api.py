@@ -110,15 +110,16 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
 
 
 def check_rows_trained(result: TrainResult, rows: int, train_cfg: TrainConfig) -> None:
-    """Every train row trained on once per epoch (unless ``max_steps`` cut the run short, or a
-    resume under another world size restarted the interrupted epoch)."""
-    if result.extra.get("resharded"):
-        log.warning("resumed from a checkpoint of another world size: the interrupted epoch was "
-                    "restarted, so rows of it were read again")
-        return
+    """Every train row trained on once per epoch (unless ``max_steps`` cut the run short), also
+    across resumes under another world size: the rows before the checkpoint are counted once
+    (steps replayed after it belong to the attempt that died, which returns nothing)."""
     expected = rows * train_cfg.epochs
     if train_cfg.max_steps is None and result.samples != expected:
-        raise RuntimeError(f"trained on {result.samples} samples but the train split holds "
+        how = ""
+        if result.extra and result.extra.get("resharded"):
+            how = (f" (resumed from a checkpoint of {result.extra['resharded_from']} rank(s) at "
+                   f"step {result.extra['reshard_step']})")
+        raise RuntimeError(f"trained on {result.samples} samples{how} but the train split holds "
                            f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
 
 

@@ -26,6 +26,7 @@ import torch
 
 from recscale.data.batch import Batch
 from recscale.data.loader import empty_columns, to_batch
+from recscale.data.work import Work, normalize, remaining, rows, share, split
 from recscale.progress import Progress
 from recscale.train.checkpoint import Checkpointer, dense_tensors
 from recscale.train.config import TrainConfig
@@ -39,12 +40,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EpochData:
-    """What the loop reads: ``open()`` returns a fresh iterable of batches for one epoch (a
-    torchdata Loader, whose ``state_dict``/``load_state_dict`` let a checkpoint resume mid-epoch;
-    any iterable otherwise), and every rank takes ``steps_per_epoch`` steps per epoch."""
+    """What the loop reads: ``open()`` returns a fresh iterable of batches over this rank's
+    normal share of one epoch (a torchdata Loader, whose ``state_dict``/``load_state_dict`` let
+    a checkpoint resume mid-epoch; any iterable otherwise), and every rank takes
+    ``steps_per_epoch`` steps per epoch. ``rows`` (the split's rows, positions 0..N-1, shared
+    ``rank * N // W`` onwards as ``recscale.data.work.share`` says), ``batch_size`` and
+    ``open(work)`` (a loader over those row positions) let a checkpoint of another world size
+    resume mid-epoch: without them such a resume is refused."""
 
-    open: Callable[[], Iterable[Batch]]
+    open: Callable[..., Iterable[Batch]]
     steps_per_epoch: int
+    rows: int | None = None
+    batch_size: int | None = None
 
 
 @dataclass
@@ -68,6 +75,9 @@ class RankResult:
     resumed_from: str | None = None
     resumed_samples: int = 0  # this rank's rows trained before the checkpoint it resumed from
     resharded: bool = False  # resumed from a checkpoint of another world size
+    resharded_from: int = 0  # that checkpoint's world size (0: not resharded)
+    reshard_step: int = 0  # the step it was written at
+    reshard_rows_remaining: int = 0  # rows of its epoch no rank had read: split over this run
     initialised_from: str | None = None  # train.checkpoint.init_from
     checkpoints: list[str] = field(default_factory=list)
     checkpoint_failures: int = 0
@@ -80,9 +90,49 @@ class _Position:
     epoch: int = 0
     batch: int = 0  # batches of ``epoch`` already trained
     loader_state: Any = None  # loader state right after that batch was read
+    rows: int = 0  # rows of this rank's work of ``epoch`` already trained
+    work: Work | None = None  # this rank's row positions in ``epoch``; None: its normal share
+    steps: int | None = None  # steps of ``epoch``; None: the data's steps_per_epoch
 
 
-def _resume(ckpt: Checkpointer, rt: Runtime, steps_per_epoch: int, res: RankResult) -> _Position:
+def _work_of(p: dict, rank: int, world_size: int, data: EpochData) -> tuple[Work, int]:
+    """A rank's work list in a checkpoint's epoch and the rows of it it had trained (a checkpoint
+    written before work lists were recorded: its normal share, batches x batch size)."""
+    work = normalize(p["work"]) if "work" in p else share(data.rows, rank, world_size)
+    done = int(p["rows"]) if "rows" in p else min(int(p["batches"]) * data.batch_size, rows(work))
+    return work, done
+
+
+def _reshard(path: str, m: dict, rt: Runtime, data: EpochData, res: RankResult) -> _Position:
+    """Resume under another world size: the rest of the checkpoint's epoch (what each old rank
+    had not trained, in old-rank order) is cut into one contiguous piece per rank; every rank
+    takes as many steps as the largest piece needs. Each old rank's row count goes to new rank
+    (old rank mod new world size), so the counts of all ranks still add up."""
+    old, progress = int(m["world_size"]), m["progress"]
+    if data.rows is None or data.batch_size is None:
+        raise ValueError(f"checkpoint {path} was written by {old} rank(s), this run has "
+                         f"{rt.world_size}: resharding its epoch needs the data's row positions "
+                         "(EpochData.rows and batch_size)")
+    owned = [_work_of(progress[str(k)], k, old, data) for k in range(old)]
+    rest = remaining([w for w, _ in owned], [n for _, n in owned])
+    pieces = split(rest, rt.world_size)
+    epoch = int(progress["0"]["epoch"])
+    res.samples = res.resumed_samples = sum(int(progress[str(k)]["samples"]) for k in range(old)
+                                            if k % rt.world_size == rt.rank)
+    res.resharded, res.resharded_from = True, old
+    res.reshard_step, res.reshard_rows_remaining = int(m["step"]), rows(rest)
+    steps = max(math.ceil(rows(p) / data.batch_size) for p in pieces)
+    if rt.rank == 0:
+        log.warning("checkpoint %s was written by %d rank(s), this run has %d: the model is "
+                    "resharded; the %d rows of epoch %d no rank had trained go on over %d "
+                    "rank(s) in %d step(s)", path, old, rt.world_size, rows(rest), epoch + 1,
+                    rt.world_size, steps)
+    if not steps:
+        return _Position(epoch + 1)
+    return _Position(epoch, work=pieces[rt.rank], steps=steps)
+
+
+def _resume(ckpt: Checkpointer, rt: Runtime, data: EpochData, res: RankResult) -> _Position:
     """Restore the newest usable checkpoint (or ``init_from``) into the runtime; -> where to
     start. The one place that reads a checkpoint's progress."""
     emb = rt.model.embeddings
@@ -96,23 +146,24 @@ def _resume(ckpt: Checkpointer, rt: Runtime, steps_per_epoch: int, res: RankResu
     emb.flush()
     progress = m["progress"]
     same_world = m["world_size"] == rt.world_size
-    mine = progress.get(str(rt.rank), progress["0"]) if same_world else progress["0"]
+    mine = progress[str(rt.rank)] if same_world else progress["0"]
     res.steps, res.global_samples = int(m["step"]), int(mine["global_samples"])
     res.resumed_from = path
-    pos = _Position(int(mine["epoch"]))
-    if same_world:
+    if same_world:  # exactly where this rank stopped, loader state and all
         res.samples = res.resumed_samples = int(mine["samples"])
-        pos.batch, pos.loader_state = int(mine["batches"]), m["loader"][str(rt.rank)]
+        pos = _Position(int(mine["epoch"]), int(mine["batches"]), m["loader"][str(rt.rank)])
+        if data.rows is not None and data.batch_size is not None:
+            work, pos.rows = _work_of(mine, rt.rank, rt.world_size, data)
+            if work != share(data.rows, rt.rank, rt.world_size):  # an epoch resharded before
+                pos.work = work
+        if mine.get("epoch_steps") is not None:
+            pos.steps = int(mine["epoch_steps"])
     else:  # rows are split differently over another number of ranks
-        res.resharded = True
-        if rt.rank == 0:
-            log.warning("checkpoint %s was written by %d rank(s), this run has %d: the model is "
-                        "resharded; epoch %d restarts from its first row", path, m["world_size"],
-                        rt.world_size, pos.epoch + 1)
+        pos = _reshard(path, m, rt, data, res)
     if rt.rank == 0:
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, res.steps,
                  pos.epoch + 1, pos.batch)
-    if pos.batch >= steps_per_epoch:
+    if pos.batch >= (pos.steps if pos.steps is not None else data.steps_per_epoch):
         pos = _Position(pos.epoch + 1)
     ckpt.last_saved_step = res.steps
     return pos
@@ -123,8 +174,13 @@ def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position) -> N
     emb.flush()  # a slow tier's cache is part of the model: the views must be current
     rank0 = rt.rank == 0
     dense, rest = dense_tensors(rt.model.dense, rt.opt) if rank0 else ({}, {})
+    # "work", "rows" and "epoch_steps" let a resume under another world size go on with exactly
+    # the rows of this epoch that no rank has trained yet
     progress = {"epoch": pos.epoch, "batches": pos.batch, "samples": res.samples,
-                "global_samples": res.global_samples, "steps": res.steps}
+                "global_samples": res.global_samples, "steps": res.steps, "rows": pos.rows,
+                "epoch_steps": pos.steps}
+    if pos.work is not None:
+        progress["work"] = [list(iv) for iv in pos.work]
     ckpt.save(res.steps, emb.shards(replicated=rank0), dense, rest, progress, pos.loader_state)
 
 
@@ -164,7 +220,7 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     global_batch)`` is called after every step (a job's progress record)."""
     res = RankResult(rank=rt.rank, planned_bytes=rt.planned_bytes)
     t_wall = time.perf_counter()
-    start = _resume(ckpt, rt, data.steps_per_epoch, res) if ckpt is not None else _Position()
+    start = _resume(ckpt, rt, data, res) if ckpt is not None else _Position()
     pos = start
     emb = rt.model.embeddings
     policy = OverlapPolicy(cfg.pipeline)
@@ -173,15 +229,29 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     stats = rt.stats
     stats.reset()
     done = limit is not None and res.steps >= limit
-    total = data.steps_per_epoch * cfg.epochs
+    left = 0
+    if start.epoch < cfg.epochs:
+        first_steps = start.steps if start.steps is not None else data.steps_per_epoch
+        left = (max(0, first_steps - start.batch)
+                + data.steps_per_epoch * (cfg.epochs - start.epoch - 1))
+    total = res.steps + left
     total = min(total, limit) if limit else total
     bar = Progress(total, "training", unit="step", mode=cfg.progress if rt.rank == 0 else "off")
     rt.model.train()
     for epoch in range(start.epoch, cfg.epochs):
         if done:
             break
-        loader = data.open()
+        steps, work = data.steps_per_epoch, None
+        if data.rows is not None:
+            work = share(data.rows, rt.rank, rt.world_size)
+        if epoch == start.epoch and start.work is not None:  # the rest of a resharded epoch
+            work, loader = start.work, data.open(start.work)
+        else:
+            loader = data.open()
+        if epoch == start.epoch and start.steps is not None:
+            steps = start.steps
         first = start.batch if epoch == start.epoch else 0
+        epoch_rows = start.rows if epoch == start.epoch else 0
         if first and start.loader_state is not None:
             loader.load_state_dict(start.loader_state)
         it = iter(loader)
@@ -197,12 +267,12 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
         batch, batch_state = fetch()
         batch = maybe_poison(cfg, rt.rank, res.steps + 1, batch)
         started = policy.begin(emb, batch)
-        for i in range(first, data.steps_per_epoch):
+        for i in range(first, steps):
             maybe_kill(cfg, rt.rank, res.steps + 1)
             comm0, wait0 = stats.total_seconds, res.data_wait_seconds
             t0 = time.perf_counter()
             nxt = nxt_started = nxt_state = None
-            if i + 1 < data.steps_per_epoch and (limit is None or res.steps + 1 < limit):
+            if i + 1 < steps and (limit is None or res.steps + 1 < limit):
                 nxt, nxt_state = fetch()
                 nxt = maybe_poison(cfg, rt.rank, res.steps + 2, nxt)
                 nxt_started = policy.ahead(emb, nxt)  # batch i+1 moves while batch i computes
@@ -217,6 +287,7 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                     "rows); the last good checkpoint is kept")
             res.steps += 1
             res.samples += batch.batch_size
+            epoch_rows += batch.batch_size
             res.global_samples += global_batch
             res.step_seconds += dt
             res.comm_seconds += stats.total_seconds - comm0
@@ -226,7 +297,7 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             if res.steps % cfg.log_every == 0:
                 points.point()
             bar.update(res.steps, loss=f"{loss_sum / max(batch.batch_size, 1):.4f}")
-            pos = _Position(epoch, i + 1, batch_state)
+            pos = _Position(epoch, i + 1, batch_state, epoch_rows, work, steps)
             if ckpt is not None and ckpt.due(res.steps):
                 _save(ckpt, rt, res, pos)
             if limit is not None and res.steps >= limit:

@@ -33,13 +33,15 @@ from recscale.train.runtime import ShardedRuntime
 
 def loader_data(files, train_cfg: TrainConfig, rank: int, world_size: int,
                 device: torch.device) -> EpochData:
-    """This rank's share of ``files``; every rank takes as many steps as the largest share."""
+    """This rank's share of ``files``; every rank takes as many steps as the largest share. A
+    resume under another world size opens the row positions it is given instead."""
     shares = rank_row_counts(files, world_size)
     cfg = LoaderConfig(batch_size=train_cfg.batch_size_per_rank, rank=rank, world_size=world_size,
                        reader_workers=train_cfg.reader_workers, prefetch=train_cfg.prefetch,
                        pin_memory=device.type == "cuda")
     steps = max(math.ceil(c / train_cfg.batch_size_per_rank) for c in shares)
-    return EpochData(lambda: make_loader(files, cfg), steps)
+    return EpochData(lambda work=None: make_loader(files, cfg, work), steps, sum(shares),
+                     train_cfg.batch_size_per_rank)
 
 
 def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -132,6 +134,9 @@ def summarize(results: dict[int, dict]) -> TrainResult:
         "checkpoint_seconds": r0["checkpoint_seconds"],
         "resumed": int(r0["resumed_from"] is not None),
         "resharded": int(r0["resharded"]),
+        "resharded_from": r0["resharded_from"],  # the checkpoint's world size (0: none)
+        "reshard_step": r0["reshard_step"],
+        "reshard_rows_remaining": r0["reshard_rows_remaining"],
         "initialised_from_checkpoint": int(r0["initialised_from"] is not None),
         "resumed_samples": sum(r["resumed_samples"] for r in results.values()),
     }
