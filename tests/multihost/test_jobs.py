@@ -200,6 +200,9 @@ def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at
     shrink = r["transitions"][1]
     assert shrink["replanned"] and shrink["previous_world_size"] == 6
     assert shrink["start_step"] % 3 == 0 and shrink["start_step"] <= kill_at + 3
+    assert shrink["rows_replayed"] >= 0
+    assert r["samples"] == 2 * train_rows(dataset)  # every row once per epoch, none twice
+    assert r["extra"]["resharded_from"] == 6
     ref = resume_reference(tmp_path, "ref", dataset, ckpt, shrink["start_step"], 4, epochs=2)
     same_state(tmp_path / "job", ref, rtol=1e-5)
 
@@ -224,6 +227,7 @@ def test_a_returning_host_is_taken_back_at_the_next_restart_and_the_job_grows(
     assert worlds == [6, 4, 6], r["transitions"]
     grow = r["transitions"][2]
     assert grow["replanned"] is False and grow["previous_world_size"] == 4
+    assert r["samples"] == 6 * train_rows(dataset)
     ref = resume_reference(tmp_path, "ref", dataset, ckpt, grow["start_step"], 6, epochs=6)
     same_state(tmp_path / "job", ref, rtol=1e-5)
 
