@@ -1,5 +1,5 @@
 """``recscale`` / ``python -m recscale``: runs the Kedro project like ``kedro run`` does;
-``recscale join --endpoint host:port`` takes part in a job across hosts (``recscale.cli``)."""
+``recscale join --endpoint host:port`` takes part in a job across hosts (``recscale.join``)."""
 
 import sys
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 
 def main(*args, **kwargs):
     if not args and sys.argv[1:2] == ["join"]:
-        from recscale.cli import join_main
+        from recscale.join import join_main
 
         sys.exit(join_main(sys.argv[2:]))
     from kedro.framework.cli.utils import find_run_command

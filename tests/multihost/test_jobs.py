@@ -293,3 +293,22 @@ def test_losing_the_driver_ends_the_job_clearly_and_rerunning_it_resumes_from_th
     assert first["resumed_from"] and first["start_step"] == saved[-1], (first, saved)
     rows = train_rows(dataset)
     assert r["steps"] == 2 * -(-rows // 1000) and r["samples"] == 2 * rows  # 2 epochs, 4 x 250
+
+
+def test_a_host_that_cannot_see_the_data_fails_naming_the_path(netns_hosts, dataset, tmp_path):
+    hosts = netns_hosts(2)
+    ep = f"{hosts[0].addr}:{PORT}"
+    cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 10})
+    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
+                            cwd=PROJECT_ROOT, **KW)
+    # host 1 has its own mount namespace in which the data directory is an empty file system
+    hidden = " ".join(join_cmd(ep))
+    joiner = hosts[1].popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             f"mount -t tmpfs none {dataset} && exec {hidden}"],
+                            env=_env(), cwd=PROJECT_ROOT, **KW)
+    jrc, jout = wait(joiner, "host 1", timeout=120)
+    rc, out = wait(driver, "the driver", timeout=120)
+    assert jrc == 2 and rc != 0
+    assert "host(s) joined the rendezvous" in out, out[-3000:]
+    assert f"this host cannot read {dataset}/" in jout and "every host must see the data" in jout, \
+        jout[-3000:]

@@ -2,6 +2,7 @@
 package graph (the launcher imports no other recscale package; optim uses it, not train)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,34 @@ def test_set_threads_shares_the_cores_among_the_local_workers():
         assert set_threads(None, local_world_size=10 * cores) == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("nnodes, why", [
+    ("3:2", "'min:max' with 1 <= min <= max"),
+    ("0:2", "'min:max' with 1 <= min <= max"),
+    ("a:b", "'min:max' with 1 <= min <= max"),
+    (0, "a number of hosts >= 1"),
+    ("2:3", "a divisor of train.launch.world_size=4"),
+])
+def test_a_wrong_nnodes_range_names_the_key_and_what_is_allowed(nnodes, why):
+    with pytest.raises(ConfigError, match=rf"^train.launch.nnodes={nnodes!r} is not allowed: "
+                                          rf"expected .*{re.escape(why)}"):
+        parse(LaunchConfig, {"world_size": 4, "nnodes": nnodes, "max_restarts": 1},
+              "train.launch")
+
+
+def test_a_nnodes_range_needs_restarts_and_gives_the_hosts_and_ranks_per_host():
+    with pytest.raises(ConfigError, match=r"^train.launch.max_restarts=0 is not allowed: "
+                                          r"expected >= 1 with train.launch.nnodes='2:3'"):
+        LaunchConfig(world_size=6, nnodes="2:3")
+    cfg = LaunchConfig(world_size=6, nnodes="2:3", max_restarts=2)
+    assert (cfg.min_nodes, cfg.max_nodes, cfg.nproc_per_node, cfg.multi_host) == (2, 3, 2, True)
+    assert not LaunchConfig(world_size=2).multi_host
+
+
+def test_a_job_across_hosts_needs_a_shared_checkpoint_directory():
+    from recscale.train import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^train.checkpoint.dir=None is not allowed: expected "
+                                          r"a directory every host sees"):
+        parse(TrainConfig, {"launch": {"world_size": 4, "nnodes": 2}}, "train")

@@ -149,12 +149,16 @@ def serve_and_launch(fn: Callable[[str], Any], spec: dict[str, Any],
         return results
 
 
-def join(fn: Callable[[str], Any], endpoint: str, timeout_s: float) -> dict[int, Any]:
+def join(fn: Callable[[str], Any], endpoint: str, timeout_s: float,
+         check: Callable[[dict[str, Any]], None] | None = None) -> dict[int, Any]:
     """Another host: receive the job from the driver at ``endpoint`` and run this host's
-    workers with the driver's launch settings, each calling ``fn(endpoint)``."""
+    workers with the driver's launch settings, each calling ``fn(endpoint)``. ``check(spec)``
+    runs first: a host that cannot take part fails before it joins the rendezvous."""
     from recscale.distributed.launch import launch
 
     spec = fetch_job(endpoint, timeout_s)
+    if check is not None:
+        check(spec)
     # the driver's settings, but this host's way to the rendezvous and its own address
     cfg = dataclasses.replace(launch_config_of(spec), rdzv_endpoint=endpoint, local_addr=None)
     log.info("joined job %s of the driver at %s: %d worker(s) on this host, %s host(s)",

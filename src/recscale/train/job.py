@@ -73,6 +73,11 @@ def check_data_readable(manifest: dict, where: str) -> None:
                                "(a shared filesystem)")
 
 
+def check_job_here(spec: dict) -> None:
+    """What a joining host checks before it joins: it can read the job's data."""
+    check_data_readable(spec["payload"]["manifest"], "this host")
+
+
 class _Progress:
     """Rank 0's record of the attempt: the events line at its first step, the furthest step
     after every step (what the next attempt replays from its checkpoint)."""

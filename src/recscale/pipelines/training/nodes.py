@@ -8,7 +8,8 @@ from recscale.train import DLRMConfig, resolved_config, train_dlrm
 
 
 def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
-    out = train_dlrm(dataset_manifest, cfg.model, cfg.train, plan=sharding_plan, comms=cfg.comms)
+    out = train_dlrm(dataset_manifest, cfg.model, cfg.train, plan=sharding_plan, comms=cfg.comms,
+                     sharding=cfg.sharding)
     r = out.result
     metrics = as_metrics({
         "world_size": cfg.train.world_size,
@@ -17,7 +18,21 @@ def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
         "throughput_samples_per_s": r.samples_per_s, "steps": r.steps, "samples": r.samples,
         "step_seconds": r.step_seconds, "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
     })
+    metrics.update(transition_metrics(r.transitions or []))
     figures = {"loss.png": plots.loss_figure(r.history),
                "throughput.png": plots.throughput_figure(r.history)}
     return (out.model.state_dict(), r.history, metrics,
             resolved_config(cfg, out, dataset_manifest), figures)
+
+
+def transition_metrics(transitions: list[dict]) -> dict:
+    """A job across hosts: the world size over steps (one point per attempt of the worker
+    group), how often it replanned, and the rows replayed from checkpoints."""
+    if not transitions:
+        return {}
+    return {"world_size_over_steps": [{"step": int(t["start_step"]), "value": t["world_size"]}
+                                      for t in transitions],
+            "attempts": {"step": 0, "value": len(transitions)},
+            "replans": {"step": 0, "value": sum(bool(t["replanned"]) for t in transitions)},
+            "rows_replayed": {"step": 0,
+                              "value": sum(t["rows_replayed"] for t in transitions)}}

@@ -32,12 +32,12 @@ def join_main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from recscale.distributed.job import JobError, join
-    from recscale.train.job import job_worker
+    from recscale.train.job import check_job_here, job_worker
 
     log.info("joining the job of the driver at %s (waiting up to %g s for it)", args.endpoint,
              args.timeout)
     try:
-        results = join(job_worker, args.endpoint, args.timeout)
+        results = join(job_worker, args.endpoint, args.timeout, check=check_job_here)
     except JobError as exc:
         log.error("%s", exc)
         return 2

@@ -1,0 +1,55 @@
+"""The README's multi-host commands, run as written inside two namespace hosts: the driver runs
+`kedro run --pipeline=dlrm --env=cluster` (toy sizes: conf/test merged into the copy's base, and
+--params for the ranks per host), the other host `recscale join --endpoint <driver>:29400`."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.project import make_project_copy
+from tests.multihost.test_jobs import KW, _env, wait
+
+pytestmark = pytest.mark.multihost
+
+
+def test_the_readme_commands_train_one_job_on_two_hosts_with_one_mlflow_run(
+        netns_hosts, tmp_path):
+    hosts = netns_hosts(2)
+    proj = make_project_copy(tmp_path, base_sizes_from="test")
+    ep = f"{hosts[0].addr}:29400"
+    bin_dir = Path(sys.executable).parent
+    params = ",".join([f"train.launch.rdzv_endpoint={ep}", "train.launch.world_size=4",
+                       "sharding.topology=cpu-local", "sharding.local_world_size=2",
+                       "train.launch.rdzv_timeout_s=120"])
+    driver = hosts[0].popen([str(bin_dir / "kedro"), "run", "--pipeline=dlrm", "--env=cluster",
+                             "--params", params], env=_env(), cwd=proj, **KW)
+    elsewhere = tmp_path / "elsewhere"  # the other host needs no project, no config
+    elsewhere.mkdir()
+    joiner = hosts[1].popen([str(bin_dir / "recscale"), "join", "--endpoint", ep],
+                            env=_env(), cwd=elsewhere, **KW)
+    rc, out = wait(driver, "kedro run on the driver", timeout=400)
+    assert rc == 0, out[-6000:]
+    jrc, jout = wait(joiner, "recscale join", timeout=60)
+    assert jrc == 0, jout[-3000:]
+    assert "the job finished" in jout and "this host ran ranks [2, 3]" in jout
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{proj}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["recscale"])
+    assert len(runs) == 1  # one job, one run: the other host records nothing
+    run = runs.iloc[0]
+    assert run["params.train.launch.world_size"] == "4" and run["tags.kedro.env"] == "cluster"
+    assert run["metrics.train.world_size"] == 4 and run["metrics.train.attempts"] == 1
+    assert run["metrics.train.replans"] == 0
+    assert 0.6 < run["metrics.test.auc"]
+    assert not list((elsewhere).iterdir()), "the joining host wrote into its working directory"
+
+
+def test_recscale_join_needs_an_endpoint():
+    res = subprocess.run([sys.executable, "-m", "recscale", "join", "--endpoint", "nohost"],
+                         capture_output=True, text=True, timeout=60, env=_env())
+    assert res.returncode == 2 and "--endpoint='nohost' is not allowed: expected host:port" \
+        in res.stderr
