@@ -103,6 +103,7 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
         plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size,
         seed=train_cfg.seed, group=ctx.sparse_group, device=ctx.device, stats=stats,
         output_grad_scale=1.0 / ctx.world_size, comms=comms, tiers=train_cfg.tiers,
+        timeout_s=getattr(ctx, "collective_timeout_s", None),
     )
     # the pipelined policy also overlaps the output all-to-all with the bottom MLP (and, in
     # backward, the gradients' return with its backward); results are identical either way
