@@ -64,15 +64,16 @@ def plan4(kinds, homes, rows=W.ROWS, dim: int = W.DIM, batch: int = 16,
     return dataclasses.replace(base, tables=tuple(tables))
 
 
-def _train_cfg(optimizer: str) -> TrainConfig:
+def _train_cfg(optimizer: str, **extra) -> TrainConfig:
     return parse(TrainConfig, {"embedding_optimizer": {"name": optimizer, "learning_rate": 0.2},
                                "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
-                               "seed": 3}, "train")
+                               "seed": 3, **extra}, "train")
 
 
 @worker_entry
 def hier_parity_worker(scenarios: list[dict], steps: list[list[dict]]) -> dict:
-    """Like workers.parity_worker, for 4 ranks, plans and wire precisions given per scenario."""
+    """Like workers.parity_worker, for 4 ranks; plan, wire precisions (``comms``) and train
+    settings (``train``) given per scenario."""
     return run_in_group(LaunchConfig(collective_timeout_s=60), _hier_parity, scenarios, steps,
                         device="cpu")
 
@@ -82,7 +83,7 @@ def _hier_parity(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dic
 
     out = {}
     for sc in scenarios:
-        tcfg = _train_cfg(sc["optimizer"])
+        tcfg = _train_cfg(sc["optimizer"], **sc.get("train", {}))
         stats = CommStats()
         comms = CommsConfig(**sc.get("comms", {}))
         model = build_sharded_model(ctx, ShardingPlan.from_dict(sc["plan"]),

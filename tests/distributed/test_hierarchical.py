@@ -38,6 +38,11 @@ def _parity_scenarios():
     out.append({"name": "mixB/fp16", "optimizer": "exact_sgd", "comms": half,
                 "plan": H.plan4(["table_wise", "column_wise", "table_row_wise",
                                  "table_column_wise"], [3, 0, 0, 1])})
+    for red in ("flat", "hierarchical", "hierarchical-again"):
+        out.append({"name": f"dense/{red}", "optimizer": "exact_sgd",
+                    "train": {"dense_reduction": red.split("-")[0]},
+                    "plan": H.plan4(["table_wise", "column_wise", "table_row_wise",
+                                     "table_column_wise"], [3, 0, 0, 1])})
     for sc in out:
         sc["plan"] = sc["plan"].to_dict()
     return out
@@ -56,7 +61,8 @@ def parity(steps):
     return launch(H.hier_parity_worker, (SCENARIOS, steps), CFG)[0]
 
 
-@pytest.mark.parametrize("sc", [s for s in SCENARIOS if "comms" not in s], ids=lambda s: s["name"])
+@pytest.mark.parametrize("sc", [s for s in SCENARIOS if "comms" not in s and "train" not in s],
+                         ids=lambda s: s["name"])
 def test_host_bound_types_train_exactly_like_one_process(parity, steps, sc):
     got = parity[sc["name"]]
     pooled, tables, dense = reference(sc["optimizer"], steps)
@@ -115,3 +121,22 @@ def test_host_bound_types_move_fewer_inter_host_bytes_exactly_as_estimated(measu
             assert got[k][side] == pytest.approx(est[k][side], rel=1e-9), (k, side, got, est)
     assert got[hier]["inter_host"] < got[flat]["inter_host"]
     assert est[hier]["inter_host"] < est[flat]["inter_host"]
+
+
+def test_hierarchical_dense_reduction_equals_the_flat_one_and_repeats_bitwise(parity, steps):
+    flat, hier, again = (parity[f"dense/{r}"] for r in ("flat", "hierarchical",
+                                                         "hierarchical-again"))
+    _, _, dense = reference("exact_sgd", steps)
+    for k in dense:
+        np.testing.assert_allclose(hier["dense"][k], flat["dense"][k], rtol=1e-5, atol=1e-6,
+                                   err_msg=k)
+        np.testing.assert_allclose(hier["dense"][k], dense[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        np.testing.assert_array_equal(hier["dense"][k], again["dense"][k], err_msg=k)
+    for r in range(H.WORLD):
+        f, h = flat["bytes"][r], hier["bytes"][r]
+        assert "dense_reduce_scatter" not in f and f["dense_allreduce"]["inter_host"] > 0
+        # only each rank's slice of a bucket (half of it, padded) crosses hosts
+        assert h["dense_reduce_scatter"]["inter_host"] == 0
+        assert h["dense_all_gather"]["inter_host"] == 0
+        assert 2 * h["dense_allreduce"]["inter_host"] >= f["dense_allreduce"]["inter_host"]
+        assert h["dense_allreduce"]["inter_host"] < f["dense_allreduce"]["inter_host"]

@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -274,3 +275,22 @@ def encoded_all_to_all(x: torch.Tensor, send_shapes, recv_shapes, forward_codec,
     ex = OutputExchange(send_shapes, recv_shapes, forward_codec, backward_codec, group, stats,
                         name, backward_scale)
     return ex.finish(ex.start(x))
+
+
+def make_host_groups(world_size: int, local_world_size: int, rank: int,
+                     timeout_s: float | None = None):
+    """-> (this rank's host group, this rank's peer group); None where that group would hold
+    this rank alone (one host, or one rank per host: the stage is a local copy). Every rank
+    makes every group, in the same order (torch.distributed requires it)."""
+    L, H = local_world_size, world_size // local_world_size
+    kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    host = peer = None
+    for h in range(H if L > 1 else 0):
+        g = dist.new_group(ranks=[h * L + i for i in range(L)], **kw)
+        if rank // L == h:
+            host = g
+    for j in range(L if H > 1 else 0):
+        g = dist.new_group(ranks=[h * L + j for h in range(H)], **kw)
+        if rank % L == j:
+            peer = g
+    return host, peer

@@ -26,10 +26,8 @@ use the configured wire codecs (an intermediate sums partials in float32 between
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from recscale.comm.collectives import (
     CommStats,
@@ -38,29 +36,11 @@ from recscale.comm.collectives import (
     all_to_all_1d,
     all_to_all_1d_async,
     exchange_counts,
+    make_host_groups,
 )
 from recscale.embedding.input_dist import arrange_received, split_received
 
 HIER_TYPES = ("table_row_wise", "table_column_wise")
-
-
-def make_host_groups(world_size: int, local_world_size: int, rank: int,
-                     timeout_s: float | None = None):
-    """-> (this rank's host group, this rank's peer group); None where that group would hold
-    this rank alone (one host, or one rank per host: the stage is a local copy). Every rank
-    makes every group, in the same order (torch.distributed requires it)."""
-    L, H = local_world_size, world_size // local_world_size
-    kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
-    host = peer = None
-    for h in range(H if L > 1 else 0):
-        g = dist.new_group(ranks=[h * L + i for i in range(L)], **kw)
-        if rank // L == h:
-            host = g
-    for j in range(L if H > 1 else 0):
-        g = dist.new_group(ranks=[h * L + j for h in range(H)], **kw)
-        if rank % L == j:
-            peer = g
-    return host, peer
 
 
 class _Here:
