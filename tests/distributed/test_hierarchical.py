@@ -100,11 +100,11 @@ def measured():
 
 
 def _split(snaps) -> dict[str, float]:
-    """Embedding bytes per step summed over ranks (the DDP all-reduce and counts left out)."""
+    """Embedding bytes per step summed over ranks (the DDP hook's and the counts left out)."""
     out = {"intra_host": 0.0, "inter_host": 0.0}
     for snap in snaps:
         for name, v in snap.items():
-            if name in COUNTS or name == "dense_allreduce":
+            if name in COUNTS or name.startswith("dense_"):
                 continue
             out["intra_host"] += v["intra_host"] / BYTE_STEPS
             out["inter_host"] += v["inter_host"] / BYTE_STEPS
