@@ -97,8 +97,18 @@ def _hier_parity(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dic
         stats.reset()
         step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
                                                        tcfg.dense_optimizer), ctx.world_size)
-        for parts in steps:
-            step(W.to_batch(parts[ctx.rank]))
+        if sc.get("pipelined"):  # as the loop's pipelined policy: batch i+1 starts first
+            emb = model.embeddings
+            emb.overlap_output = True
+            batches = [W.to_batch(parts[ctx.rank]) for parts in steps]
+            started = emb.start(batches[0].sparse)
+            for i, batch in enumerate(batches):
+                nxt = emb.start(batches[i + 1].sparse) if i + 1 < len(batches) else None
+                step(batch, started)
+                started = nxt
+        else:
+            for parts in steps:
+                step(W.to_batch(parts[ctx.rank]))
         tables = model.embeddings.full_tables(dst=0)
         snaps = [None] * ctx.world_size
         dist.all_gather_object(snaps, stats.snapshot())
