@@ -212,7 +212,8 @@ class HierarchicalExchange:
         if self.host_group is None:
             got_v, got = send_v, torch.cat(pieces)
         else:
-            got_v = exchange_counts(torch.tensor(send_v, dtype=torch.int64).view(L, 1),
+            got_v = exchange_counts(torch.tensor(send_v, dtype=torch.int64,
+                                                 device=p_l.device).view(L, 1),
                                     self.host_group, self.stats,
                                     "hier_input_counts")[:, 0].tolist()
             got = all_to_all_1d(torch.cat(pieces), [k_i * n + v for k_i, v in

@@ -4,7 +4,7 @@
 Every shard a rank owns lives in one fbgemm table-batched embedding (optimizer fused into backward).
 A forward pass, for a local batch of B samples (B may differ between ranks, even be 0):
 
-1. input distribution: row-sharded features (row_wise, table_row_wise) are split by row block with
+1. input distribution: row-sharded features (row_wise) are split by row block with
    fbgemm's ``block_bucketize_sparse_features`` (ids become shard-local); one
    ``permute_2D_sparse_data`` then orders (and, for column shards, repeats) the features by
    destination rank; per-destination batch sizes and id counts are exchanged, then lengths and ids
