@@ -15,9 +15,10 @@ A forward pass, for a local batch of B samples (B may differ between ranks, even
    reduce-scatter, as all-to-all + local sum, in the same collective as everything else).
 
 Steps 1 and 3 are flat (one all-to-all among all ranks) for table_wise, row_wise and
-column_wise. The host-bound types (table_row_wise, table_column_wise) take two-stage exchanges
-instead, inside the host and across hosts between peers (``recscale.embedding.hierarchical``);
-their shards are looked up together with the flat ones, on the same global batch order.
+column_wise. When the plan spans more than one host, the host-bound types (table_row_wise,
+table_column_wise) take two-stage exchanges instead, inside the host and across hosts between
+peers (``recscale.embedding.hierarchical``); their shards are looked up together with the flat
+ones, on the same global batch order. (On one host the two stages would be the flat exchange.)
 
 The backward of each collective is the transposed collective, so the gradients of pooled outputs
 reach the owning ranks, whose fused kernels update the shards in place.
@@ -129,7 +130,9 @@ class ShardedEmbeddingCollection(nn.Module):
         self.output_dim = col0[-1]
 
         dp = [t for t, tp in enumerate(self.tables) if tp.sharding_type == "data_parallel"]
-        hier = [t for t, tp in enumerate(self.tables) if tp.sharding_type in HIER_TYPES]
+        # on one host the two stages are the flat exchange: one-host runs keep the flat path
+        hier = [t for t, tp in enumerate(self.tables) if tp.sharding_type in HIER_TYPES
+                and plan.topology.num_hosts > 1]
         rw = [t for t, tp in enumerate(self.tables) if tp.sharding_type in ROW_TYPES
               and t not in hier]
         self.dp_tables, self.rw_tables, self.hier_tables = dp, rw, hier
