@@ -153,7 +153,8 @@ def main(argv=None):
         secs = [max(r["seconds"][i] for r in res.values()) for i in range(args.reps)]
         rate = statistics.median(args.steps * gb / s for s in secs)
         emb_bytes = sum(v for r in res.values() for k, v in r["bytes"].items()
-                        if k not in ("dense_allreduce",))
+                        if k not in ("dense_allreduce", "dense_reduce_scatter",
+                                     "dense_all_gather", "intra_host", "inter_host"))
         comm_ms = 1e3 * max(sum(r["comm_s"].values()) for r in res.values())
         est = res[0]["estimate"]
         est_total = est["input"] + est["output"] + est["output_grad"]

@@ -3,7 +3,8 @@
 ``all_to_all_1d`` moves a flat tensor with per-peer element counts; its backward is the same
 collective with the counts swapped, so gradients flow back to the ranks that produced the inputs.
 Bytes are counted from the tensors actually handed to the backend (what leaves this rank for other
-ranks), never computed from shapes elsewhere.
+ranks), never computed from shapes elsewhere, and split by destination into ``intra_host`` (a peer
+on the same host of the plan's topology, ``CommStats.hosts``) and ``inter_host``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -19,14 +21,20 @@ import torch.distributed as dist
 
 @dataclass
 class CommStats:
-    """Bytes sent to other ranks and seconds spent, per collective name."""
+    """Bytes sent to other ranks and seconds spent, per collective name; bytes also split into
+    ``intra_host`` and ``inter_host`` by ``hosts`` (global rank -> the plan's host; None: one
+    host, every byte intra-host)."""
 
     bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    inter_host: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    hosts: tuple[int, ...] | None = None
 
-    def add(self, name: str, nbytes: int, seconds: float) -> None:
+    def add(self, name: str, nbytes: int, seconds: float, inter: int = 0) -> None:
+        """``nbytes`` sent by collective ``name``, of which ``inter`` crossed hosts."""
         self.bytes_sent[name] += int(nbytes)
+        self.inter_host[name] += int(inter)
         self.seconds[name] += seconds
         self.calls[name] += 1
 
@@ -36,16 +44,49 @@ class CommStats:
 
     def reset(self) -> None:
         self.bytes_sent.clear()
+        self.inter_host.clear()
         self.seconds.clear()
         self.calls.clear()
 
+    def peer_bytes(self, t: torch.Tensor, splits: Sequence[int], group=None) -> tuple[int, int]:
+        """(bytes to other ranks, of them to other hosts) of ``splits[d]`` elements of ``t``
+        sent to rank d of ``group``."""
+        ranks = _group_ranks(group)
+        me = ranks[dist.get_rank(group)]
+        size = t.element_size()
+        total = (sum(splits) - splits[ranks.index(me)]) * size
+        if self.hosts is None:
+            return total, 0
+        mine = self.hosts[me]
+        inter = sum(n for r, n in zip(ranks, splits) if self.hosts[r] != mine) * size
+        return total, inter
+
     def snapshot(self) -> dict[str, dict[str, float]]:
-        return {k: {"bytes": self.bytes_sent[k], "seconds": self.seconds[k], "calls": self.calls[k]}
+        return {k: {"bytes": self.bytes_sent[k], "seconds": self.seconds[k], "calls": self.calls[k],
+                    "inter_host": self.inter_host[k],
+                    "intra_host": self.bytes_sent[k] - self.inter_host[k]}
                 for k in sorted(self.bytes_sent)}
 
 
-def _peer_bytes(t: torch.Tensor, splits: Sequence[int], rank: int) -> int:
-    return (sum(splits) - splits[rank]) * t.element_size()
+_RANKS: dict[int, tuple[object, list[int]]] = {}
+
+
+def _group_ranks(group) -> list[int]:
+    """Global ranks of ``group`` in group-rank order (cached per group object)."""
+    if group is None:
+        return list(range(dist.get_world_size()))
+    hit = _RANKS.get(id(group))
+    if hit is None or hit[0] is not group:
+        hit = (group, dist.get_process_group_ranks(group))
+        _RANKS[id(group)] = hit
+    return hit[1]
+
+
+def _count(stats: CommStats | None, name: str, t: torch.Tensor, splits: Sequence[int], group,
+           seconds: float) -> None:
+    if stats is not None:
+        total, inter = stats.peer_bytes(t, splits, group)
+        stats.add(name, total, seconds, inter)
 
 
 def exchange_counts(counts: torch.Tensor, group=None, stats: CommStats | None = None,
@@ -55,10 +96,7 @@ def exchange_counts(counts: torch.Tensor, group=None, stats: CommStats | None = 
     out = torch.empty_like(counts)
     t0 = time.perf_counter()
     dist.all_to_all_single(out, counts.contiguous(), group=group)
-    if stats is not None:
-        rank = dist.get_rank(group)
-        stats.add(name, _peer_bytes(counts, [counts[0].numel()] * world, rank),
-                  time.perf_counter() - t0)
+    _count(stats, name, counts, [counts[0].numel()] * world, group, time.perf_counter() - t0)
     return out
 
 
@@ -67,8 +105,7 @@ def _a2a(x: torch.Tensor, send: list[int], recv: list[int], group, stats, name) 
     t0 = time.perf_counter()
     dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send,
                            group=group)
-    if stats is not None:
-        stats.add(name, _peer_bytes(x, send, dist.get_rank(group)), time.perf_counter() - t0)
+    _count(stats, name, x, send, group, time.perf_counter() - t0)
     return out
 
 
@@ -77,14 +114,15 @@ class PendingAllToAll:
 
     def __init__(self, out, work, stats, name, nbytes, t0):
         self.out, self.work, self.stats, self.name = out, work, stats, name
-        self.nbytes, self.t0 = nbytes, t0
+        self.nbytes, self.t0 = nbytes, t0  # nbytes: (to other ranks, to other hosts)
         self.issue_s = time.perf_counter() - t0
 
     def wait(self) -> torch.Tensor:
         t = time.perf_counter()
         self.work.wait()
         if self.stats is not None:
-            self.stats.add(self.name, self.nbytes, self.issue_s + time.perf_counter() - t)
+            self.stats.add(self.name, self.nbytes[0], self.issue_s + time.perf_counter() - t,
+                           self.nbytes[1])
         return self.out
 
 
@@ -98,7 +136,8 @@ def all_to_all_1d_async(x: torch.Tensor, send_counts: Sequence[int], recv_counts
     t0 = time.perf_counter()
     work = dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
                                   input_split_sizes=send, group=group, async_op=True)
-    return PendingAllToAll(out, work, stats, name, _peer_bytes(x, send, dist.get_rank(group)), t0)
+    nbytes = stats.peer_bytes(x, send, group) if stats is not None else (0, 0)
+    return PendingAllToAll(out, work, stats, name, nbytes, t0)
 
 
 class _AllToAll1D(torch.autograd.Function):
@@ -134,7 +173,7 @@ class PendingEncoded:
         got = self.pending.wait()
         out, off = [], 0
         for (rows, cols), n in zip(self.recv_shapes, self.recv):
-            if rows == 0:
+            if rows == 0 or cols == 0:
                 continue
             dec = self.codec.decode(got[off: off + n].view(rows, self.codec.row_bytes(cols)), cols)
             off += n
@@ -157,14 +196,14 @@ def encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, nam
     for rows, cols in send_shapes:
         block = x[off: off + rows * cols].view(rows, cols)
         off += rows * cols
-        if rows == 0:
+        if rows == 0 or cols == 0:  # nothing to send (a row header would still cost)
             continue
         if scale != 1.0:
             block = block * scale
         pieces.append(codec.encode(block).reshape(-1))
     payload = torch.cat(pieces) if pieces else x.new_zeros(0, dtype=torch.uint8)
-    send = [r * codec.row_bytes(c) for r, c in send_shapes]
-    recv = [r * codec.row_bytes(c) for r, c in recv_shapes]
+    send = [r * codec.row_bytes(c) if c else 0 for r, c in send_shapes]
+    recv = [r * codec.row_bytes(c) if c else 0 for r, c in recv_shapes]
     pending = all_to_all_1d_async(payload, send, recv, group, stats, name)
     return PendingEncoded(pending, recv_shapes, recv, codec, name, scale, x)
 
@@ -236,3 +275,22 @@ def encoded_all_to_all(x: torch.Tensor, send_shapes, recv_shapes, forward_codec,
     ex = OutputExchange(send_shapes, recv_shapes, forward_codec, backward_codec, group, stats,
                         name, backward_scale)
     return ex.finish(ex.start(x))
+
+
+def make_host_groups(world_size: int, local_world_size: int, rank: int,
+                     timeout_s: float | None = None):
+    """-> (this rank's host group, this rank's peer group); None where that group would hold
+    this rank alone (one host, or one rank per host: the stage is a local copy). Every rank
+    makes every group, in the same order (torch.distributed requires it)."""
+    L, H = local_world_size, world_size // local_world_size
+    kw = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    host = peer = None
+    for h in range(H if L > 1 else 0):
+        g = dist.new_group(ranks=[h * L + i for i in range(L)], **kw)
+        if rank // L == h:
+            host = g
+    for j in range(L if H > 1 else 0):
+        g = dist.new_group(ranks=[h * L + j for h in range(H)], **kw)
+        if rank % L == j:
+            peer = g
+    return host, peer

@@ -132,6 +132,7 @@ class WorkerContext:
     device: torch.device
     backend: str
     sparse_group: Any  # process group for the embedding collectives (DDP uses the default one)
+    collective_timeout_s: float | None = None  # the deadline the groups were made with
 
 
 _groups_joined = 0  # init_worker calls in this process: each joins under its own store prefix
@@ -184,6 +185,7 @@ def init_worker(cfg: LaunchConfig, device: str = "cpu") -> WorkerContext:
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
         device=dev, backend=backend, sparse_group=sparse_group,
+        collective_timeout_s=float(cfg.collective_timeout_s),
     )
 
 

@@ -25,6 +25,7 @@ class InputDist:
     dp: PendingAllToAll | None = None
     dp_recv_l: list[int] = field(default_factory=list)
     dp_recv_v: list[int] = field(default_factory=list)
+    hier: PendingAllToAll | None = None  # host-bound tables' stage A (embedding.hierarchical)
     received: tuple | None = None  # (lengths, ids) for the local lookup, once waited for
 
 

@@ -1,9 +1,10 @@
 """Sharded embedding collection: one rank's part of a ShardingPlan, executed on torch.distributed.
+(Over 500 lines: the collection's forward, backward plumbing and checkpoint views belong together.)
 
 Every shard a rank owns lives in one fbgemm table-batched embedding (optimizer fused into backward).
 A forward pass, for a local batch of B samples (B may differ between ranks, even be 0):
 
-1. input distribution: row-sharded features (row_wise, table_row_wise) are split by row block with
+1. input distribution: row-sharded features (row_wise) are split by row block with
    fbgemm's ``block_bucketize_sparse_features`` (ids become shard-local); one
    ``permute_2D_sparse_data`` then orders (and, for column shards, repeats) the features by
    destination rank; per-destination batch sizes and id counts are exchanged, then lengths and ids
@@ -12,6 +13,12 @@ A forward pass, for a local batch of B samples (B may differ between ranks, even
 3. output distribution: pooled rows go back to their samples' ranks in one all-to-all; there one
    ``index_add`` places table-wise and column-shard columns and sums row-wise partial results (the
    reduce-scatter, as all-to-all + local sum, in the same collective as everything else).
+
+Steps 1 and 3 are flat (one all-to-all among all ranks) for table_wise, row_wise and
+column_wise. When the plan spans more than one host, the host-bound types (table_row_wise,
+table_column_wise) take two-stage exchanges instead, inside the host and across hosts between
+peers (``recscale.embedding.hierarchical``); their shards are looked up together with the flat
+ones, on the same global batch order. (On one host the two stages would be the flat exchange.)
 
 The backward of each collective is the transposed collective, so the gradients of pooled outputs
 reach the owning ranks, whose fused kernels update the shards in place.
@@ -41,6 +48,7 @@ from recscale.comm.collectives import (
 )
 from recscale.data.batch import SparseFeatures
 from recscale.embedding.api import TableShard
+from recscale.embedding.hierarchical import HIER_TYPES, HierarchicalExchange
 from recscale.embedding.input_dist import InputDist, arrange_received
 from recscale.embedding.placement import build_embedding_bags, placement_for
 from recscale.embedding.sharded_autograd import (
@@ -83,9 +91,12 @@ class ShardedEmbeddingCollection(nn.Module):
         output_grad_scale: float = 1.0,
         comms: CommsConfig | None = None,
         tiers: TierConfig | None = None,
+        timeout_s: float | None = None,
     ):
         """``tiers``: settings for shards the plan puts below the compute tier (DDR/SSD behind a
-        cache; see recscale.embedding.placement)."""
+        cache; see recscale.embedding.placement). ``timeout_s``: deadline of the sub-groups the
+        host-bound tables' exchanges use. ``stats`` counts bytes as intra- or inter-host by the
+        plan's hosts (set here when it has none)."""
         super().__init__()
         self.comms = comms or CommsConfig()
         self.fwd_codec = get_codec(self.comms.forward)
@@ -99,6 +110,8 @@ class ShardedEmbeddingCollection(nn.Module):
             raise ValueError(f"the plan is for world_size={plan.world_size}, this run has {world_size}")
         self.rank, self.world_size, self.group = rank, world_size, group
         self.stats = stats if stats is not None else CommStats()
+        if self.stats.hosts is None:
+            self.stats.hosts = tuple(plan.topology.host_of(r) for r in range(world_size))
         self.device = torch.device(device)
         by_feature = {}
         for tp in plan.tables:
@@ -117,17 +130,24 @@ class ShardedEmbeddingCollection(nn.Module):
         self.output_dim = col0[-1]
 
         dp = [t for t, tp in enumerate(self.tables) if tp.sharding_type == "data_parallel"]
-        rw = [t for t, tp in enumerate(self.tables) if tp.sharding_type in ROW_TYPES]
-        self.dp_tables, self.rw_tables = dp, rw
-        # routes[d]: the (table, shard) pairs rank d serves, in its module's table order
-        routes: list[list] = [[] for _ in range(world_size)]
+        # on one host the two stages are the flat exchange: one-host runs keep the flat path
+        hier = [t for t, tp in enumerate(self.tables) if tp.sharding_type in HIER_TYPES
+                and plan.topology.num_hosts > 1]
+        rw = [t for t, tp in enumerate(self.tables) if tp.sharding_type in ROW_TYPES
+              and t not in hier]
+        self.dp_tables, self.rw_tables, self.hier_tables = dp, rw, hier
+        # routes[d]: the (table, shard) pairs rank d serves, in its module's table order: the
+        # flat path's (flat[d]) first, then the host-bound tables' (hier_routes[d])
+        flat: list[list] = [[] for _ in range(world_size)]
+        hier_routes: list[list] = [[] for _ in range(world_size)]
         for t, tp in enumerate(self.tables):
             if t in dp:
                 continue
             for s in sorted(tp.shards, key=lambda s: (s.row_offset, s.col_offset)):
-                routes[s.rank].append((t, s))
-        self.routes = routes
-        self.k = [len(r) for r in routes]
+                (hier_routes if t in hier else flat)[s.rank].append((t, s))
+        routes = flat
+        self.routes = [f + h for f, h in zip(flat, hier_routes)]
+        self.k = [len(r) for r in routes]  # flat path only
         # combined feature rows: 0..T-1 the input features; T + k*len(rw) + j bucket k of rw table j
         perm = []
         for d in range(world_size):
@@ -141,7 +161,7 @@ class ShardedEmbeddingCollection(nn.Module):
         self.register_buffer("_rw_idx", torch.tensor(rw, dtype=torch.int32), persistent=False)
         self.register_buffer("_rw_blocks", torch.tensor(
             [self.tables[t].row_block_size for t in rw], dtype=torch.int64), persistent=False)
-        for t in rw:
+        for t in rw + [t for t in hier if self.tables[t].sharding_type in ROW_TYPES]:
             tp = self.tables[t]
             for s in tp.shards:
                 if s.row_offset % tp.row_block_size:
@@ -154,6 +174,12 @@ class ShardedEmbeddingCollection(nn.Module):
             for t, s in routes[d]:
                 dest_cols.extend(range(col0[t] + s.col_offset, col0[t] + s.col_offset + s.col_length))
         self.register_buffer("_dest_cols", torch.tensor(dest_cols, dtype=torch.int64), persistent=False)
+        self.hier = None
+        if hier:
+            self.hier = HierarchicalExchange(
+                self.tables, hier, hier_routes, col0, plan.topology.local_world_size, rank,
+                world_size, self.stats, self.fwd_codec, self.bwd_codec, self.bwd_scale,
+                self.device, timeout_s)
         # Row-wise Adagrad keeps one state per table row, over all its columns; a table split
         # into column shards therefore needs the shards to agree on it. Those shards are updated
         # here (not by fbgemm's fused kernel, which only sees its own columns): each shard's
@@ -168,7 +194,7 @@ class ShardedEmbeddingCollection(nn.Module):
         if self.cw_tables and optimizer.weight_decay:
             raise ValueError("train.embedding_optimizer.weight_decay must be 0 for column-sharded "
                              "tables under exact_rowwise_adagrad")
-        mine = routes[rank]
+        mine = self.routes[rank]
         self._fused_pos = [i for i, (t, _) in enumerate(mine) if t not in self.cw_tables]
         self._cw_pos = [i for i, (t, _) in enumerate(mine) if t in self.cw_tables]
 
@@ -264,11 +290,16 @@ class ShardedEmbeddingCollection(nn.Module):
             dp_l, dp_v, _ = fb.permute_2D_sparse_data(self._dp_idx, lengths, values, None, None)
             n_dp = int(dp_v.numel())
         dev = values.device
-        counts = torch.stack([torch.full((W,), B, dtype=torch.int64, device=dev), vals_to.to(dev),
-                              torch.full((W,), n_dp, dtype=torch.int64, device=dev)], dim=1)
-        got = exchange_counts(counts, self.group, self.stats, "input_counts")
+        cols = [torch.full((W,), B, dtype=torch.int64, device=dev), vals_to.to(dev),
+                torch.full((W,), n_dp, dtype=torch.int64, device=dev)]
+        if self.hier is not None:  # ids of the host-bound tables' stage A, per peer
+            h_payload, h_send_l, h_send_v = self.hier.start(lengths, values)
+            cols.append(torch.tensor(self.hier.send_ids(h_send_v), dtype=torch.int64, device=dev))
+        got = exchange_counts(torch.stack(cols, dim=1), self.group, self.stats, "input_counts")
         bs = got[:, 0].tolist()
         pend = InputDist(B=B, bs=bs, device=values.device)
+        if self.hier is not None:
+            pend.hier = self.hier.exchange_a(h_payload, h_send_l, h_send_v, got[:, 3].tolist(), bs)
         if any(self.k):
             # lengths and ids of each destination travel together in one all-to-all
             send_l = [kd * B for kd in self.k]
@@ -313,11 +344,23 @@ class ShardedEmbeddingCollection(nn.Module):
         return both.index_select(1, self._local_cols)
 
     def _received(self, pend: InputDist) -> tuple[torch.Tensor, torch.Tensor]:
-        """Wait for a batch's ids and order them for the local lookup (once per batch)."""
+        """Wait for a batch's ids and order them for the local lookup (once per batch): the flat
+        path's features, then the host-bound tables' (their stage B runs here)."""
         if pend.received is None:
-            pend.received = arrange_received(pend.sharded.wait(), pend.recv_l, pend.recv_v,
-                                             self.k[self.rank], pend.bs)
+            parts = []
+            if pend.sharded is not None:
+                parts.append(arrange_received(pend.sharded.wait(), pend.recv_l, pend.recv_v,
+                                              self.k[self.rank], pend.bs))
+            if pend.hier is not None:
+                parts.append(self.hier.receive(pend.hier, pend.bs))
+            if len(parts) == 1:
+                pend.received = parts[0]
+            else:
+                pend.received = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
         return pend.received
+
+    def _has_lookup(self, pend: InputDist) -> bool:
+        return pend.sharded is not None or pend.hier is not None
 
     def lookup(self, started: SparseFeatures | InputDist):
         """Pooled embeddings [B, sum(D)] of a batch (or of what ``start`` returned); with
@@ -333,9 +376,10 @@ class ShardedEmbeddingCollection(nn.Module):
         input all-to-all) and name them to the cache, which loads them while the current batch
         computes. Nothing happens (no wait) when no local shard is on a slow tier, or for a
         batch whose input distribution has not started (its ids are not routed yet)."""
-        if not self._prefetching or not isinstance(started, InputDist) or started.sharded is None:
+        if (not self._prefetching or not isinstance(started, InputDist)
+                or not self._has_lookup(started)):
             return
-        k, bg = self.k[self.rank], sum(started.bs)
+        k, bg = len(self.routes[self.rank]), sum(started.bs)
         l2, v2 = self._received(started)
         lengths = l2.view(k, bg)
         if self.cw_tables:  # the fused module sees its own features only
@@ -372,16 +416,19 @@ class ShardedEmbeddingCollection(nn.Module):
         me, B, bs = self.rank, pend.B, pend.bs
         self.last_batch_sizes = bs
         bg = sum(bs)
-        exchange = token = mine = None
-        if pend.sharded is not None:
-            k_me = self.k[me]
+        exchange = token = mine = hier_done = None
+        if self._has_lookup(pend):
+            k_me = len(self.routes[me])
             l2, v2 = self._received(pend)
             pooled = self._lookup(l2.view(k_me, bg), v2, bg, pend.device)
             wd = self.widths[me]
-            exchange = OutputExchange([(b, wd) for b in bs], [(B, w) for w in self.widths],
-                                      self.fwd_codec, self.bwd_codec, self.group, self.stats,
-                                      "output", self.bwd_scale)
-            token = exchange.start(pooled.reshape(-1))
+            if pend.sharded is not None:
+                exchange = OutputExchange([(b, wd) for b in bs], [(B, w) for w in self.widths],
+                                          self.fwd_codec, self.bwd_codec, self.group, self.stats,
+                                          "output", self.bwd_scale)
+                token = exchange.start(pooled[:, :wd].reshape(-1))
+            if pend.hier is not None:
+                hier_done = self.hier.output_start(pooled[:, wd:], bs, B)
         if pend.dp is not None:
             k_dp = len(self.dp_tables)
             l2, v2 = arrange_received(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v, k_dp, bs)
@@ -399,6 +446,11 @@ class ShardedEmbeddingCollection(nn.Module):
                     off += B * w
                 wide2 = torch.cat(pieces, dim=1)
                 out = wide2.new_zeros(B, self.output_dim).index_add(1, self._dest_cols, wide2)
+            if hier_done is not None:
+                got = hier_done()
+                if out is None:
+                    out = got.new_zeros(B, self.output_dim)
+                out = out.index_add(1, self.hier.dest_cols, got)
             if mine is not None:
                 if out is None:
                     out = mine.new_zeros(B, self.output_dim)

@@ -14,7 +14,10 @@ Time of one training iteration attributed to the rank that holds a shard, in sec
   table/column-wise: all-to-all of the pooled vectors of the global batch; row-wise: a ring
   reduce-scatter (forward) / all-gather (backward) of the partial sums over the row shards (at the
   inter-node bandwidth when they span hosts); table-row-wise (hierarchical): reduce-scatter inside
-  the host, then all-to-all of the host's 1/local_world_size share across hosts.
+  the host, then all-to-all of the host's 1/local_world_size share across hosts; on more than one
+  host, table-column-wise: columns to the sample's peer inside the host, whole vectors across.
+  Host-bound types on more than one host take their ids in two stages too: the table's ids cross
+  hosts once per sample (at ``inter_node_bw``), the shard's share spreads inside the host.
 - data-parallel: local lookups, a dense update of the replica, and a ring all-reduce of the dense
   gradient (``comms.dense_allreduce`` precision).
 
@@ -128,10 +131,20 @@ class CostModel:
             compute = lookups * (3 * cols * wb + 2 * opt) * spb + 2 * vec * cols * 4 * cpb
             comms = (lookups * ib + vec * 4) * self.a2a
             out = vec * (cols * (self.fb + self.bb) + self.f_extra + self.b_extra)
+            if kind in (TWRW, TWCW) and W > Lw:
+                # two stages (embedding.hierarchical): the table's ids and lengths cross hosts
+                # once per sample, to the peer of the sample's rank on this host (the k shards
+                # share that cost), then the shard's share spreads inside the host
+                comms = ((lookups * ib + vec * 4) * ((Lw - 1) / Lw) / self.intra
+                         + vec * (L * ib + 4) * ((W - Lw) / W) / np.maximum(k, 1) / self.inter)
             if kind == RW:
                 comms = comms + np.where(k > 1, (k - 1) / np.maximum(k, 1), 0.0) * out / self.ring_bw(k)
             elif kind == TWRW:
                 comms = comms + ((Lw - 1) / Lw) * out / self.intra + (out / Lw) * self.a2a
+            elif kind == TWCW and W > Lw:
+                # column shards go to the sample's peer inside the host, which sends the whole
+                # vector across: per shard its columns' share
+                comms = comms + ((Lw - 1) / Lw) * out / self.intra + out * ((W - Lw) / W) / self.inter
             else:
                 comms = comms + out * self.a2a
             io = lookups * ib + vec * 4 + 2 * vec * cols * 4

@@ -172,7 +172,10 @@ class Topology:
         if unknown:
             raise ConfigError(f"unknown key topology.{unknown[0]}; allowed keys: "
                               + ", ".join(sorted(allowed)))
-        return cls(**dict(d))
+        d = dict(d)
+        # a topology saved without its host size is one host (what its collectives assumed)
+        d.setdefault("local_world_size", d.get("world_size"))
+        return cls(**d)
 
 
 # SSD random-row read bandwidth assumed where a topology has no SSD tier of its own (a memory-mapped

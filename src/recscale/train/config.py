@@ -69,6 +69,10 @@ class TrainConfig(Validated):
     # while the current batch computes; sharded: also overlap the output exchange with the bottom
     # MLP) or plain. Results are bitwise identical either way.
     pipeline: bool = True
+    # dense gradients' reduction (DDP hook): hierarchical (reduce-scatter inside the host,
+    # all-reduce across hosts among peers, all-gather inside the host) or flat; auto:
+    # hierarchical when the sharding plan spans more than one host
+    dense_reduction: Literal["auto", "flat", "hierarchical"] = "auto"
     log_every: int = 20  # steps between metric-history points
     num_threads: int | None = None  # intra-op threads per process; null -> cores / local ranks
     reader_workers: int = 2
@@ -103,6 +107,8 @@ class TrainConfig(Validated):
         check(self.reader_workers >= 1, f"{prefix}.reader_workers", self.reader_workers, ">= 1")
         check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
         check_choice(f"{prefix}.progress", self.progress, ("auto", "bar", "log", "off"))
+        check_choice(f"{prefix}.dense_reduction", self.dense_reduction,
+                     ("auto", "flat", "hierarchical"))
         check_choice(f"{prefix}.device", self.device, ("auto", "cpu", "cuda"))
         if self.launch.multi_host:
             check(self.checkpoint.dir is not None, f"{prefix}.checkpoint.dir", None,

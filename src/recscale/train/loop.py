@@ -54,6 +54,9 @@ class EpochData:
     batch_size: int | None = None
 
 
+SPLIT_KEYS = ("intra_host", "inter_host")
+
+
 @dataclass
 class RankResult:
     """One rank's run (a plain dict of it crosses the process boundary)."""
@@ -66,6 +69,8 @@ class RankResult:
     wall_seconds: float = 0.0
     comm_seconds: float = 0.0
     data_wait_seconds: float = 0.0  # time the trainer waited for the loader
+    # bytes sent per step: per collective name, and the totals split by the plan's hosts under
+    # SPLIT_KEYS ("intra_host", "inter_host"; not collectives: leave them out of sums)
     bytes_per_step: dict[str, float] = field(default_factory=dict)
     embedding_bytes: int = 0
     planned_bytes: float = 0.0
@@ -310,7 +315,10 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     bar.close()
     emb.flush()
     res.wall_seconds = time.perf_counter() - t_wall
-    res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in stats.snapshot().items()}
+    snap = stats.snapshot()
+    res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in snap.items()}
+    for key in SPLIT_KEYS:
+        res.bytes_per_step[key] = sum(v[key] for v in snap.values()) / max(res.steps, 1)
     res.embedding_bytes = int(emb.memory_bytes().get("fast", 0))
     res.tier_stats = emb.tier_stats()
     if ckpt is not None:

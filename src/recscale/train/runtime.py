@@ -4,8 +4,9 @@ A runtime holds the model, the dense optimizer, the step (``step.run(batch, star
 (loss summed over this rank's rows, rows of the global batch)), the communication counters and
 how to sum a tensor over ranks. ``LocalRuntime`` is the one-process case; ``ShardedRuntime`` is one
 rank of the hybrid-parallel DLRM: embeddings model-parallel as the plan says
-(``ShardedEmbeddingCollection``), the dense arch under DistributedDataParallel with torch's
-(compress) communication hooks, gloo on CPU and NCCL on GPU.
+(``ShardedEmbeddingCollection``), the dense arch under DistributedDataParallel with a counting
+communication hook, flat (torch's, compressed or not) or hierarchical over the plan's hosts
+(``recscale.comm.ddp_hooks``), gloo on CPU and NCCL on GPU.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import inspect
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from recscale.comm import CommsConfig
-from recscale.comm.collectives import CommStats
+from recscale.comm.collectives import CommStats, make_host_groups
+from recscale.comm.ddp_hooks import counting_allreduce_hook, hierarchical_allreduce_hook
 from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.distributed import WorkerContext
 from recscale.embedding.sharded import ShardedEmbeddingCollection
@@ -26,12 +27,6 @@ from recscale.model.dlrm import DLRM, ModelConfig
 from recscale.sharding import ShardingPlan
 from recscale.train.config import TrainConfig
 from recscale.train.step import ShardedStep, TrainStep, make_dense_optimizer
-
-_DDP_HOOKS = {
-    "fp32": (default_hooks.allreduce_hook, 4),
-    "fp16": (default_hooks.fp16_compress_hook, 2),
-    "bf16": (default_hooks.bf16_compress_hook, 2),
-}
 
 
 class Runtime:
@@ -82,18 +77,6 @@ class ShardedRuntime(Runtime):
             dist.all_reduce(t)
 
 
-def _counting_allreduce_hook(stats: CommStats, precision: str):
-    """torch's DDP communication hook for ``precision`` (plain, fp16- or bf16-compressed
-    all-reduce), with the bytes each bucket hands to the all-reduce counted."""
-    torch_hook, wire_bytes = _DDP_HOOKS[precision]
-
-    def hook(process_group, bucket):
-        stats.add("dense_allreduce", bucket.buffer().numel() * wire_bytes, 0.0)
-        return torch_hook(process_group, bucket)
-
-    return hook
-
-
 def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
                         train_cfg: TrainConfig, stats: CommStats,
                         comms: CommsConfig | None = None, feature_names=SPARSE_NAMES,
@@ -103,15 +86,19 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
         plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size,
         seed=train_cfg.seed, group=ctx.sparse_group, device=ctx.device, stats=stats,
         output_grad_scale=1.0 / ctx.world_size, comms=comms, tiers=train_cfg.tiers,
+        timeout_s=getattr(ctx, "collective_timeout_s", None),
     )
     # the pipelined policy also overlaps the output all-to-all with the bottom MLP (and, in
     # backward, the gradients' return with its backward); results are identical either way
     emb.overlap_output = train_cfg.pipeline
     return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
-                      ctx, stats, comms.dense_allreduce)
+                      ctx, stats, comms.dense_allreduce, plan, train_cfg.dense_reduction)
 
 
-def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats, precision: str = "fp32") -> DLRM:
+def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats, precision: str = "fp32",
+               plan: ShardingPlan | None = None, reduction: str = "auto") -> DLRM:
+    """The dense arch under DDP with a counting communication hook: flat, or hierarchical over
+    the plan's hosts (``reduction``: auto = hierarchical when ``plan`` spans hosts)."""
     model.dense_arch.to(ctx.device)
     # the dense arch's only buffer is a constant index: no per-step buffer broadcast (the
     # keyword is forward_sync_buffers from torch 2.13, broadcast_buffers before)
@@ -119,6 +106,14 @@ def wrap_dense(model: DLRM, ctx: WorkerContext, stats: CommStats, precision: str
                else "broadcast_buffers")
     ddp = DDP(model.dense_arch, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
               gradient_as_bucket_view=True, **{no_sync: False})
-    ddp.register_comm_hook(None, _counting_allreduce_hook(stats, precision))
+    lws = plan.local_world_size if plan is not None else ctx.world_size
+    spans = lws < ctx.world_size
+    if reduction == "hierarchical" or (reduction == "auto" and spans):
+        host, peer = make_host_groups(ctx.world_size, lws, ctx.rank,
+                                      getattr(ctx, "collective_timeout_s", None))
+        hook = hierarchical_allreduce_hook(stats, precision, host, peer, lws, ctx.world_size)
+    else:
+        hook = counting_allreduce_hook(stats, precision, spans)
+    ddp.register_comm_hook(None, hook)
     model.dense_arch = ddp
     return model

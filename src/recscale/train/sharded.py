@@ -27,7 +27,7 @@ from recscale.model.dlrm import ModelConfig
 from recscale.sharding import ShardingPlan
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.config import TrainConfig
-from recscale.train.loop import EpochData, run_loop
+from recscale.train.loop import SPLIT_KEYS, EpochData, run_loop
 from recscale.train.runtime import ShardedRuntime
 
 
@@ -114,9 +114,15 @@ class TrainResult:
         return new / self.step_seconds if self.step_seconds > 0 else float("nan")
 
 
+def _sent(r: dict) -> float:
+    """A rank's bytes per step over all its collectives (the host split left out)."""
+    return sum(v for k, v in r["bytes_per_step"].items() if k not in SPLIT_KEYS)
+
+
 def summarize(results: dict[int, dict]) -> TrainResult:
     """Per-rank results (RankResult dicts) -> the run's result: its counters, rank 0's history,
-    and metrics (``extra``: per-rank time split, bytes per collective, tiers)."""
+    and metrics (``extra``: per-rank time split, bytes per collective, bytes split into
+    ``bytes_per_step.intra_host`` / ``inter_host`` (all ranks) and per rank, tiers)."""
     r0 = results[min(results)]
     step_s = max(r["step_seconds"] for r in results.values())
     new_samples = sum(r["samples"] - r["resumed_samples"] for r in results.values())
@@ -127,8 +133,7 @@ def summarize(results: dict[int, dict]) -> TrainResult:
         "wall_seconds": max(r["wall_seconds"] for r in results.values()),
         "samples_per_s": new_samples / step_s if step_s else float("nan"),
         "final_loss": r0["final_loss"],
-        "bytes_per_step": float(np.sum([sum(r["bytes_per_step"].values())
-                                        for r in results.values()])),
+        "bytes_per_step": float(np.sum([_sent(r) for r in results.values()])),
         "checkpoints_written": len(r0["checkpoints"]),
         "checkpoint_failures": r0["checkpoint_failures"],
         "checkpoint_seconds": r0["checkpoint_seconds"],
@@ -145,7 +150,7 @@ def summarize(results: dict[int, dict]) -> TrainResult:
         out[f"rank{rank}.step_ms"] = 1e3 * r["step_seconds"] / steps
         out[f"rank{rank}.comm_ms"] = 1e3 * r["comm_seconds"] / steps
         out[f"rank{rank}.compute_ms"] = out[f"rank{rank}.step_ms"] - out[f"rank{rank}.comm_ms"]
-        out[f"rank{rank}.bytes_sent_per_step"] = sum(r["bytes_per_step"].values())
+        out[f"rank{rank}.bytes_sent_per_step"] = _sent(r)
         out[f"rank{rank}.embedding_bytes"] = r["embedding_bytes"]
         out[f"rank{rank}.planned_embedding_bytes"] = r["planned_bytes"]
         out[f"rank{rank}.data_wait_ms"] = 1e3 * r["data_wait_seconds"] / steps
@@ -153,6 +158,9 @@ def summarize(results: dict[int, dict]) -> TrainResult:
             out[f"rank{rank}.bytes_per_step.{k}"] = v
         for k, v in r["tier_stats"].items():
             out[f"rank{rank}.tiers.{k}"] = v
+    for key in SPLIT_KEYS:  # bytes between ranks of one plan host / of different hosts
+        out[f"bytes_per_step.{key}"] = float(sum(r["bytes_per_step"].get(key, 0.0)
+                                                 for r in results.values()))
     tiers = merge_tier_stats([r["tier_stats"] for r in results.values() if r["tier_stats"]])
     out.update({f"tiers.{k}": v for k, v in tiers.items()})
     return TrainResult(out["steps"], out["samples"], step_s, out["wall_seconds"],

@@ -1,0 +1,69 @@
+"""Bytes split into intra-host and inter-host: the plan's host size survives a round trip, the
+traffic estimate splits every key, and the run summary exposes the split."""
+
+import dataclasses
+
+import pytest
+
+from recscale.sharding import ShardingPlan, TableSpec, Topology, plan_sharding
+from recscale.sharding.traffic import estimate_comm_bytes
+from recscale.train.loop import RankResult
+from recscale.train.sharded import summarize
+
+
+def _plan(world: int, local: int) -> ShardingPlan:
+    tables = [TableSpec(f"t{i}", 1000 * (i + 1), 16, pooling_factor=2.0) for i in range(6)]
+    return plan_sharding(tables, Topology.preset("cpu-local", world_size=world,
+                                                 local_world_size=local), 32)
+
+
+def test_the_plan_keeps_its_host_size_and_old_plans_load_as_one_host():
+    plan = _plan(4, 2)
+    assert ShardingPlan.from_dict(plan.to_dict()).local_world_size == 2
+    old = plan.to_dict()
+    del old["topology"]["local_world_size"]
+    assert ShardingPlan.from_dict(old).local_world_size == 4
+
+
+@pytest.mark.parametrize("world,local", [(2, 2), (4, 2), (8, 2)])
+def test_the_estimate_splits_every_key(world, local):
+    est = estimate_comm_bytes(_plan(world, local))
+    for key in ("input", "output", "output_grad", "dp_allreduce"):
+        assert est[f"{key}.intra_host"] + est[f"{key}.inter_host"] == pytest.approx(est[key])
+    assert est["intra_host"] + est["inter_host"] == pytest.approx(est["total"])
+    if world == local:
+        assert est["inter_host"] == 0 and est["intra_host"] == pytest.approx(est["total"])
+    else:
+        assert est["inter_host"] > 0
+
+
+def test_host_bound_types_estimate_fewer_inter_host_bytes_than_flat_ones():
+    base = _plan(4, 2)
+    t = base.tables[0]
+    shard = t.shards[0]
+
+    def as_kind(kind, ranks, rows):
+        shards = tuple(dataclasses.replace(shard, rank=r, row_offset=i * rows, row_length=rows,
+                                           col_offset=0, col_length=t.embedding_dim)
+                       for i, r in enumerate(ranks))
+        return dataclasses.replace(base, tables=(dataclasses.replace(
+            t, sharding_type=kind, shards=shards),))
+
+    flat = estimate_comm_bytes(as_kind("row_wise", (0, 1, 2, 3), t.num_embeddings // 4))
+    hier = estimate_comm_bytes(as_kind("table_row_wise", (2, 3), t.num_embeddings // 2))
+    assert hier["inter_host"] < flat["inter_host"]
+
+
+def test_the_summary_exposes_the_split_per_rank_and_in_total():
+    ranks = {}
+    for r in range(2):
+        res = RankResult(rank=r, steps=2, samples=10)
+        res.bytes_per_step = {"input": 100.0, "output": 50.0, "intra_host": 60.0 + r,
+                              "inter_host": 90.0 - r}
+        ranks[r] = dataclasses.asdict(res)
+    extra = summarize(ranks).extra
+    assert extra["bytes_per_step"] == 300.0  # the split is not counted twice
+    assert extra["rank1.bytes_sent_per_step"] == 150.0
+    assert extra["bytes_per_step.intra_host"] == 121.0
+    assert extra["bytes_per_step.inter_host"] == 179.0
+    assert extra["rank0.bytes_per_step.inter_host"] == 90.0
