@@ -32,16 +32,16 @@ def make_dataset(out: Path, rows: int = 24_000, row_group_size: int = 2000) -> P
     return out / "parquet"
 
 
-def mixed_plan(plan):
-    """``plan`` with every sharding type: table i gets KINDS[i % 6], laid out by hand over the
-    plan's hosts (hierarchical types inside host i % hosts)."""
+def mixed_plan(plan, kinds=KINDS):
+    """``plan`` with every sharding type: table i gets kinds[i % len(kinds)], laid out by hand
+    over the plan's hosts (hierarchical types inside host i % hosts)."""
     from tests.distributed.workers import shard
 
     W, L = plan.world_size, plan.local_world_size
     hosts = W // L
     tables = []
     for i, tp in enumerate(plan.tables):
-        kind, rows, dim = KINDS[i % len(KINDS)], tp.num_embeddings, tp.embedding_dim
+        kind, rows, dim = kinds[i % len(kinds)], tp.num_embeddings, tp.embedding_dim
         home = [(i % hosts) * L + k for k in range(L)]
         if kind == "table_wise":
             shards = [(W - 1 - i % W, 0, rows, 0, dim)]
@@ -76,10 +76,13 @@ def drive(spec_path: str, out_dir: str) -> None:
     plan = plan_for_run(manifest, cfg)
     if spec.get("plan") == "mixed":
         plan = mixed_plan(plan)
+    elif spec.get("plan", "").startswith("kinds:"):  # e.g. kinds:row_wise,column_wise
+        plan = mixed_plan(plan, spec["plan"].split(":", 1)[1].split(","))
     out = train_dlrm(manifest, cfg.model, cfg.train, plan, comms=cfg.comms,
                      sharding=cfg.sharding)
     os.makedirs(out_dir, exist_ok=True)
     torch.save(out.model.state_dict(), os.path.join(out_dir, "state.pt"))
+    plan.save(os.path.join(out_dir, "plan.json"))
     r = out.result
     Path(out_dir, "result.json").write_text(json.dumps(
         {"steps": r.steps, "samples": r.samples, "final_loss": r.final_loss,

@@ -123,23 +123,24 @@ def result(d: Path) -> dict:
     return json.loads((d / "result.json").read_text())
 
 
-def test_two_hosts_train_bitwise_what_one_host_trains_with_every_sharding_type(
-        netns_hosts, dataset, tmp_path):
-    hosts = netns_hosts(2)
+@pytest.mark.parametrize("n", [2, 3])
+def test_hosts_train_bitwise_what_one_host_trains_with_every_sharding_type(
+        netns_hosts, dataset, tmp_path, n):
+    hosts = netns_hosts(n)
     ep = f"{hosts[0].addr}:{PORT}"
-    cfg = config(ep, 4, 2, tmp_path / "ck-multi", max_steps=8)
+    cfg = config(ep, 2 * n, n, tmp_path / "ck-multi", max_steps=8)
     # the joining host runs from a directory whose local config says something else: unused
     other = tmp_path / "other-project"
     (other / "conf" / "base").mkdir(parents=True)
     (other / "conf" / "base" / "parameters_dlrm.yml").write_text(
         "train:\n  batch_size_per_rank: 7\n  launch:\n    world_size: 1\n")
     multi = run_job(hosts, tmp_path, "multi", dataset, cfg, plan="mixed", joiner_cwd=other)
-    single_cfg = config("127.0.0.1:0", 4, 1, tmp_path / "ck-single", max_steps=8)
+    single_cfg = config("127.0.0.1:0", 2 * n, 1, tmp_path / "ck-single", max_steps=8)
     single = run_single(tmp_path, "single", dataset, single_cfg, plan="mixed")
     same_state(multi, single)
     r = result(multi)
-    assert r["steps"] == 8 and r["samples"] == 8 * 4 * 250
-    assert [t["world_size"] for t in r["transitions"]] == [4]
+    assert r["steps"] == 8 and r["samples"] == 8 * 2 * n * 250
+    assert [t["world_size"] for t in r["transitions"]] == [2 * n]
 
 
 def _job_file(ckpt: Path, name: str) -> Path | None:
@@ -312,3 +313,24 @@ def test_a_host_that_cannot_see_the_data_fails_naming_the_path(netns_hosts, data
     assert "host(s) joined the rendezvous" in out, out[-3000:]
     assert f"this host cannot read {dataset}/" in jout and "every host must see the data" in jout, \
         jout[-3000:]
+
+
+def test_host_bound_types_move_fewer_inter_host_bytes_than_flat_ones_as_the_planner_estimates(
+        netns_hosts, dataset, tmp_path):
+    from recscale.sharding import ShardingPlan
+    from recscale.train.sharded import bytes_against_plan
+
+    hosts = netns_hosts(2)
+    ep = f"{hosts[0].addr}:{PORT}"
+    got = {}
+    for name, kinds in (("flat", "row_wise,column_wise"),
+                        ("hier", "table_row_wise,table_column_wise")):
+        cfg = config(ep, 4, 2, tmp_path / f"ck-{name}", max_steps=4)
+        out = run_job(hosts, tmp_path, name, dataset, cfg, plan=f"kinds:{kinds}")
+        extra = result(out)["extra"]
+        vs = bytes_against_plan(extra, ShardingPlan.load(out / "plan.json"))
+        for side in ("intra_host", "inter_host"):
+            ratio = vs[f"bytes_per_step.embedding.{side}.measured_over_estimate"]
+            assert 0.95 <= ratio <= 1.05, (name, side, vs, extra)
+        got[name] = extra["bytes_per_step.embedding.inter_host"]
+    assert got["hier"] < 0.5 * got["flat"], got  # the same tables, half or less across hosts

@@ -54,7 +54,7 @@ class EpochData:
     batch_size: int | None = None
 
 
-SPLIT_KEYS = ("intra_host", "inter_host")
+SPLIT_KEYS = ("intra_host", "inter_host", "embedding.intra_host", "embedding.inter_host")
 
 
 @dataclass
@@ -317,8 +317,13 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     res.wall_seconds = time.perf_counter() - t_wall
     snap = stats.snapshot()
     res.bytes_per_step = {k: v["bytes"] / max(res.steps, 1) for k, v in snap.items()}
-    for key in SPLIT_KEYS:
+    for key in ("intra_host", "inter_host"):
         res.bytes_per_step[key] = sum(v[key] for v in snap.values()) / max(res.steps, 1)
+        # what the planner's traffic estimate covers: the embedding exchanges' payload (not the
+        # dense layers' gradient reduction, not the per-batch count messages)
+        res.bytes_per_step[f"embedding.{key}"] = sum(
+            v[key] for k, v in snap.items()
+            if not k.startswith("dense_") and not k.endswith("_counts")) / max(res.steps, 1)
     res.embedding_bytes = int(emb.memory_bytes().get("fast", 0))
     res.tier_stats = emb.tier_stats()
     if ckpt is not None:

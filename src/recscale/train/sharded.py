@@ -166,3 +166,18 @@ def summarize(results: dict[int, dict]) -> TrainResult:
     return TrainResult(out["steps"], out["samples"], step_s, out["wall_seconds"],
                        out["final_loss"], r0["history"], out, tuple(r0["checkpoints"]),
                        out["resumed_samples"])
+
+
+def bytes_against_plan(extra: dict[str, float], plan: ShardingPlan) -> dict[str, float]:
+    """The embedding exchanges' bytes per step, split by the plan's hosts, measured (all ranks)
+    and as the planner's traffic estimate says, with measured / estimate."""
+    from recscale.sharding.traffic import estimate_comm_bytes
+
+    est = estimate_comm_bytes(plan)
+    out = {}
+    for side in ("intra_host", "inter_host"):
+        got = extra.get(f"bytes_per_step.embedding.{side}", float("nan"))
+        out[f"bytes_per_step.embedding.{side}.estimate"] = est[side]
+        out[f"bytes_per_step.embedding.{side}.measured_over_estimate"] = (
+            got / est[side] if est[side] else float("nan"))
+    return out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from recscale.evaluate import plots
 from recscale.pipelines.common import as_metrics
+from recscale.sharding import ShardingPlan
 from recscale.train import DLRMConfig, resolved_config, train_dlrm
+from recscale.train.sharded import bytes_against_plan
 
 
 def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
@@ -19,6 +21,8 @@ def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
         "step_seconds": r.step_seconds, "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
     })
     metrics.update(transition_metrics(r.transitions or []))
+    if cfg.train.world_size > 1:
+        metrics.update(as_metrics(bytes_against_plan(r.extra, ShardingPlan.from_dict(sharding_plan))))
     figures = {"loss.png": plots.loss_figure(r.history),
                "throughput.png": plots.throughput_figure(r.history)}
     return (out.model.state_dict(), r.history, metrics,
