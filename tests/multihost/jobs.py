@@ -89,6 +89,25 @@ def drive(spec_path: str, out_dir: str) -> None:
          "transitions": r.transitions, "extra": r.extra}))
 
 
+def join_when(trigger: str, endpoint: str, timeout_s: float = 120.0) -> int:
+    """`recscale join --endpoint endpoint` once ``trigger`` exists, with torch and recscale
+    already imported (a host that comes back at a chosen moment, without the import's delay)."""
+    import time
+
+    import recscale.train.job  # noqa: F401
+    from recscale.join import join_main
+
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(trigger):
+        if time.monotonic() > deadline:
+            print(f"{trigger} did not appear within {timeout_s:g} s", file=sys.stderr)
+            return 3
+        time.sleep(0.05)
+    return join_main(["--endpoint", endpoint, "--timeout", "60"])
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "drive":
         drive(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "join-when":
+        sys.exit(join_when(sys.argv[2], sys.argv[3]))

@@ -64,3 +64,13 @@ def test_a_shrink_and_a_grow_reach_mlflow_as_world_size_over_steps():
     assert (m["attempts"]["value"], m["replans"]["value"], m["rows_replayed"]["value"]) \
         == (3, 1, 4000)
     assert transition_metrics([]) == {}
+
+
+def test_the_address_that_routes_to_the_rendezvous_and_its_interface():
+    from recscale.distributed.netaddr import interface_of, route_addr, split_endpoint
+
+    assert split_endpoint("10.0.0.1:29400") == ("10.0.0.1", 29400)
+    assert split_endpoint("[::1]:5") == ("::1", 5)
+    assert route_addr("127.0.0.1:29400") == "127.0.0.1"
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("192.0.2.255") is None  # TEST-NET-1: no interface holds it
