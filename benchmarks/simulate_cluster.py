@@ -27,21 +27,18 @@ Assumptions (ours; none of them is a figure from the Neo paper):
 - Weights fp16, optimizer exact row-wise AdaGrad (one fp32 per row), pooled embeddings on the wire
   in fp16 forward and bf16 backward, dense all-reduce in fp32, the planner's other defaults
   (memory_fraction 0.9, ...).
-- A dense network (MLPs) of ``DENSE_PARAMS`` = 50e6 parameters, all-reduced every step with the same
-  flat-ring formula the cost model uses for data-parallel tables. Its FLOPs are not modelled (the
-  cost model has no dense compute term), so the predicted step time leaves out the MLPs' forward
-  and backward; the flat ring over 128 ranks at one NIC's bandwidth is pessimistic against a
-  hierarchical all-reduce that uses all 8 NICs of a host at once (8x fewer bytes per NIC; about
-  3 ms instead of 16 on zionex at 16 x 8).
+- A dense network (MLPs) of ``DENSE_PARAMS`` = 50e6 parameters, reduced every step the way the
+  runtime does across hosts (``train.dense_reduction: auto``): reduce-scatter inside the host,
+  all-reduce of each rank's slice among its peers on the other hosts (all 8 NICs of a host at
+  once), all-gather inside the host. Its FLOPs are not modelled (the cost model has no dense
+  compute term), so the predicted step time leaves out the MLPs' forward and backward.
 - Nothing overlaps: step time = the slowest rank's embedding compute + its intra-host and
   inter-host all-to-all seconds + the dense all-reduce. Neo pipelines and overlaps these, so its
   step is shorter than this sum would say for the same per-term costs.
-- Bytes per link: an all-to-all term of the traffic estimate (ids, pooled outputs, their
-  gradients) moves (Lw - 1) / (W - 1) of its remote bytes inside a host and (W - Lw) / (W - 1)
-  across hosts (the cost model's own all-to-all assumption, uniform peers); a flat ring all-reduce
-  over W ranks ordered by host crosses hosts on H of its W hops. The traffic estimate treats the
-  hierarchical types (table_row_wise / table_column_wise) like their flat counterparts, so
-  inter-host bytes of those tables are an upper bound.
+- Bytes per link: the traffic estimate's own intra-/inter-host split (sharding/traffic.py), which
+  follows the exchanges as built: flat types spread over uniform peers, the hierarchical types
+  (table_row_wise / table_column_wise) in their two stages; a replicated table's all-reduce counts
+  as inter-host when the plan spans hosts.
 
 Reported figures (``REPORTED``) are only ones known to us with confidence, each with its source;
 the paper's throughput in samples/s for the 12T model is not among them (left empty).
@@ -199,33 +196,30 @@ def rank_costs(plan: ShardingPlan) -> dict[str, np.ndarray]:
 
 
 # --- bytes per link --------------------------------------------------------------------------------
-def ring_allreduce_bytes(topo: Topology, nbytes: float) -> dict[str, float]:
-    """Bytes a flat ring all-reduce of ``nbytes`` per rank moves per link type, summed over ranks
-    (ranks ordered by host: H of the W hops cross hosts when there are H > 1 hosts)."""
-    W, H = topo.world_size, topo.num_hosts
-    total = 2 * (W - 1) / W * W * nbytes if W > 1 else 0.0
-    cross = H / W if H > 1 else 0.0
-    return {"intra": total * (1 - cross), "inter": total * cross}
+def hierarchical_allreduce(topo: Topology, nbytes: float) -> dict[str, float]:
+    """The dense reduction the runtime runs when a plan spans hosts (comm/ddp_hooks.py):
+    reduce-scatter inside the host, all-reduce of each rank's 1/Lw slice among the H peers of
+    its local rank (every rank through its own NIC), all-gather inside the host. -> bytes per
+    link summed over ranks ("intra", "inter") and the seconds of one rank ("seconds"). One host:
+    a ring over its ranks."""
+    W, Lw, H = topo.world_size, topo.local_world_size, topo.num_hosts
+    if W == 1:
+        return {"intra": 0.0, "inter": 0.0, "seconds": 0.0}
+    intra_per_rank = 2 * (Lw - 1) / Lw * nbytes  # reduce-scatter + all-gather
+    inter_per_rank = 2 * (H - 1) / H * nbytes / Lw if H > 1 else 0.0
+    seconds = intra_per_rank / topo.intra_node_bw if Lw > 1 else 0.0
+    seconds += inter_per_rank / topo.inter_node_bw if H > 1 else 0.0
+    return {"intra": W * intra_per_rank, "inter": W * inter_per_rank, "seconds": seconds}
 
 
 def link_bytes(plan: ShardingPlan) -> dict[str, Any]:
     """The traffic estimate's bytes per iteration (summed over ranks), split into intra-host and
-    inter-host links: {"intra": {term: bytes}, "inter": {term: bytes}, "estimate": the traffic
-    estimate itself}. For every term intra + inter equals the estimate's term."""
-    topo = plan.topology
-    W, Lw = topo.world_size, topo.local_world_size
+    inter-host links as the estimate splits them (for the exchanges as built, hierarchical types
+    included): {"intra": {term: bytes}, "inter": {term: bytes}, "estimate": the estimate}."""
     est = estimate_comm_bytes(plan)
-    intra: dict[str, float] = {}
-    inter: dict[str, float] = {}
-    for term in ("input", "output", "output_grad"):
-        share = (Lw - 1) / (W - 1) if W > 1 else 1.0
-        intra[term] = est[term] * share
-        inter[term] = est[term] - intra[term]
-    dp_total = est["dp_allreduce"]
-    cross = topo.num_hosts / W if topo.num_hosts > 1 else 0.0
-    inter["dp_allreduce"] = dp_total * cross
-    intra["dp_allreduce"] = dp_total - inter["dp_allreduce"]
-    return {"intra": intra, "inter": inter, "estimate": est}
+    terms = ("input", "output", "output_grad", "dp_allreduce")
+    return {"intra": {t: est[f"{t}.intra_host"] for t in terms},
+            "inter": {t: est[f"{t}.inter_host"] for t in terms}, "estimate": est}
 
 
 # --- one configuration ----------------------------------------------------------------------------
@@ -237,9 +231,9 @@ def simulate(tables: list[TableSpec], topo: Topology, local_batch: int = LOCAL_B
     rc = rank_costs(plan)
     crit = plan.critical_rank
     db = {"fp32": 4, "fp16": 2, "bf16": 2}[plan.options.comms.dense_allreduce]
-    model = CostModel(topo, local_batch, plan.options)
     W = topo.world_size
-    dense_s = (2 * (W - 1) / W * dense_params * db / float(model.ring_bw(W))) if W > 1 else 0.0
+    dense_links = hierarchical_allreduce(topo, dense_params * db)
+    dense_s = dense_links["seconds"]
     split = {
         "compute": float(rc["compute"][crit]),
         "intra_host_comm": float(rc["intra"][crit]),
@@ -248,7 +242,6 @@ def simulate(tables: list[TableSpec], topo: Topology, local_batch: int = LOCAL_B
     }
     step = sum(split.values())
     links = link_bytes(plan)
-    dense_links = ring_allreduce_bytes(topo, dense_params * db)
     per_tier = {t: [r.memory(t) for r in plan.ranks] for t in ("hbm", "ddr", "ssd")}
     return {
         "plan": plan,

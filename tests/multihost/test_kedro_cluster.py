@@ -44,6 +44,9 @@ def test_the_readme_commands_train_one_job_on_two_hosts_with_one_mlflow_run(
     assert run["params.train.launch.world_size"] == "4" and run["tags.kedro.env"] == "cluster"
     assert run["metrics.train.world_size"] == 4 and run["metrics.train.attempts"] == 1
     assert run["metrics.train.replans"] == 0
+    for side in ("intra_host", "inter_host"):  # measured and the planner's estimate, per step
+        assert run[f"metrics.train.bytes_per_step.embedding.{side}"] > 0
+        assert run[f"metrics.train.bytes_per_step.embedding.{side}.estimate"] > 0
     assert 0.6 < run["metrics.test.auc"]
     assert not list((elsewhere).iterdir()), "the joining host wrote into its working directory"
 

@@ -82,8 +82,9 @@ def test_bytes_per_link_add_up_to_the_traffic_estimate(result):
     dense = res["dense_link_bytes"]
     assert res["bytes_intra"] + res["bytes_inter"] == pytest.approx(
         est["total"] + dense["intra"] + dense["inter"], rel=1e-12)
-    # a flat ring of 8 ranks on 2 hosts crosses hosts on 2 of its 8 hops
-    assert dense["inter"] / (dense["intra"] + dense["inter"]) == pytest.approx(2 / 8)
+    # the hierarchical reduction on 2 hosts x 4: per rank 2 x 3/4 of the bytes inside the host
+    # (reduce-scatter + all-gather), 2 x 1/2 of its quarter slice across hosts
+    assert dense["inter"] / (dense["intra"] + dense["inter"]) == pytest.approx(0.25 / 1.75)
 
 
 def test_recosted_ranks_match_the_plan_and_the_split_adds_up(result):
