@@ -1,4 +1,5 @@
-"""Where raw data comes from: generated synthetic days or the user's Criteo TSV files."""
+"""Where raw data comes from: generated synthetic days (Criteo TSV, or multi-hot parquet) or the
+user's Criteo TSV files."""
 
 from __future__ import annotations
 
@@ -31,9 +32,15 @@ class DataConfig(Validated):
 def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None) -> dict:
     """Generate (or locate) the raw TSV files -> raw manifest dict."""
     if cfg.source == "synthetic":
-        rep = generate_criteo_tsv(cfg.synthetic, Path(cfg.raw_dir) / "day_00.tsv", progress)
+        if cfg.synthetic.multi_hot:
+            from recscale.data.multihot import generate_multihot_parquet
+
+            rep = generate_multihot_parquet(cfg.synthetic, Path(cfg.raw_dir) / "day_00.parquet",
+                                            progress)
+        else:
+            rep = generate_criteo_tsv(cfg.synthetic, Path(cfg.raw_dir) / "day_00.tsv", progress)
         return {
-            "source": "synthetic", "files": [rep.path], "rows": rep.num_rows,
+            "source": "synthetic", "files": [rep.path], "multi_hot": cfg.synthetic.multi_hot, "rows": rep.num_rows,
             "oracle_path": rep.oracle_path, "oracle_auc": rep.oracle_auc, "ctr": rep.ctr,
             "cardinalities": list(rep.cardinalities), "fingerprint": rep.fingerprint,
         }
