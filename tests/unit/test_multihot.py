@@ -122,3 +122,16 @@ def test_bad_bags_are_rejected_with_row_number_and_reason(tmp_path):
     with pytest.raises(RejectedRowsError, match="max_reject_fraction"):
         preprocess_multihot([tmp_path / "bad.parquet"], tmp_path / "strict",
                             PreprocessConfig(max_bag_size=8, table_sizes=(100,) * 26))
+
+
+def test_users_parquet_source_goes_through_the_multi_hot_path(tmp_path):
+    from recscale.data.source import DataConfig, prepare_raw
+
+    _bad_file(tmp_path / "mine.parquet")
+    raw = prepare_raw(DataConfig(source="parquet", files=(str(tmp_path / "m*.parquet"),)))
+    assert raw == {"source": "parquet", "files": [str(tmp_path / "mine.parquet")], "multi_hot": True}
+    with pytest.raises(ConfigError, match=r"data\.files is empty: source 'parquet'"):
+        DataConfig(source="parquet")
+    pq.write_table(pa.table({"label": [1]}), tmp_path / "other.parquet")
+    with pytest.raises(ValueError, match=r"not a multi-hot parquet file: missing columns \['I1'"):
+        preprocess_multihot([tmp_path / "other.parquet"], tmp_path / "o", PreprocessConfig())

@@ -237,6 +237,16 @@ def preprocess_multihot(
     for stale in out.glob("*/part-*.parquet"):
         stale.unlink()
     table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
+    need = raw_schema()
+    for f in files:
+        have = pq.read_schema(f)
+        missing = [n for n in need.names if n not in have.names]
+        wrong = [n for n in SPARSE_NAMES if n in have.names
+                 and not pa.types.is_list(have.field(n).type)]
+        if missing or wrong:
+            raise ValueError(f"{f} is not a multi-hot parquet file: missing columns {missing}, "
+                             f"not lists {wrong}; expected label, I1..I13 (integers) and "
+                             "C1..C26 (lists of integer ids)")
     counts = [pq.ParquetFile(f).metadata.num_rows for f in files]
     total = int(sum(counts))
     bounds = np.floor(np.cumsum(cfg.splits) * total + 1e-9).astype(np.int64)
