@@ -273,7 +273,7 @@ def quality_dcn(rows: int, out_dir: str) -> dict[str, dict]:
         man = load_manifest(pq_dir)
     oracle = np.load(rep.oracle_path, mmap_mode="r")
     tcfg = TrainConfig(progress="off", batch_size_per_rank=1024,
-                       dense_optimizer=DenseOptimizerConfig("adagrad", 0.05),
+                       dense_optimizer=DenseOptimizerConfig("adam", 0.001),
                        embedding_optimizer=EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.05))
     out = {}
     for precision in ("fp32", "bf16"):
