@@ -174,9 +174,9 @@ def generate_multihot_parquet(cfg: SyntheticConfig, path: str | os.PathLike,
 
 
 def check_bags(table: pa.Table, max_bag_size: int) -> tuple[np.ndarray, list[str]]:
-    """Rows of a raw table that cannot be trained on -> (bad mask, reason per row ('' if good)).
-    Reasons: a label not 0/1, a negative count... are the TSV path's business; here: a bag longer
-    than ``max_bag_size``, a negative id, a null id inside a list, a missing label."""
+    """Rows of a raw table that cannot be trained on -> (bad mask, reason per row ('' if good)):
+    a label that is not 0 or 1 (or missing), a bag longer than ``max_bag_size``, a negative id,
+    a null id inside a list; the first that applies names the row's reason."""
     n = table.num_rows
     reasons = [""] * n
 
