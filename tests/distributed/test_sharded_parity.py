@@ -30,6 +30,14 @@ def scenarios():
     return out
 
 
+def dcn_scenarios():
+    """Multi-hot bags (0 to 12 ids) through the DCN-v2 interaction, mixed plan."""
+    bags = W.make_global_batches(3, seed=5, max_len=12)
+    return [{"name": f"dcn_multihot_mixed/{opt}", "optimizer": opt, "model": W.MODEL_DCN,
+             "steps": bags, "kinds": ["data_parallel", "row_wise", "column_wise", "table_row_wise"]}
+            for opt in OPTS]
+
+
 @pytest.fixture(scope="module")
 def steps():
     return W.make_global_batches(4)
@@ -38,11 +46,11 @@ def steps():
 @pytest.fixture(scope="module")
 def distributed(steps):
     cfg = LaunchConfig(world_size=2, collective_timeout_s=60)
-    results = launch(W.parity_worker, (scenarios(), steps), cfg)
+    results = launch(W.parity_worker, (scenarios() + dcn_scenarios(), steps), cfg)
     return results[0]
 
 
-def reference(optimizer: str, steps, split_columns: tuple[int, ...] = ()):
+def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_params=None):
     """Single process, all tables in one fused module, mean loss over each global batch.
     ``split_columns``: tables kept as two column halves with their own optimizer state (what
     column sharding does with row-wise Adagrad), same layout and initial values."""
@@ -60,7 +68,8 @@ def reference(optimizer: str, steps, split_columns: tuple[int, ...] = ()):
             feat.append(t)
     emb = FusedEmbeddingBags(rows, dims, EmbeddingOptimizerConfig(optimizer, 0.2),
                              initial_weights=inits)
-    model = DLRM(W.NUM_DENSE, len(W.ROWS), parse(ModelConfig, W.MODEL, "model"), emb, seed=3)
+    model = DLRM(W.NUM_DENSE, len(W.ROWS), parse(ModelConfig, model_params or W.MODEL, "model"),
+                 emb, seed=3)
     step = TrainStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer))
 
     def widen(g):  # repeat the features of split tables so each half gets its ids
@@ -119,3 +128,17 @@ def test_column_shards_share_the_row_state_that_per_shard_state_would_get_wrong(
     assert not np.allclose(per_shard[2], exact[2], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["tables"][2], exact[2], rtol=1e-5, atol=1e-6)
     assert got["bytes"]["cw_row_state"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("sc", dcn_scenarios(), ids=lambda s: s["name"])
+def test_dcn_with_multi_hot_bags_equals_the_single_process_run(distributed, sc):
+    got = distributed[sc["name"]]
+    assert max(int(p["lengths"].max()) for parts in sc["steps"] for p in parts) > 3
+    pooled, tables, dense = reference(sc["optimizer"], sc["steps"], model_params=sc["model"])
+    assert any(k.startswith("cross.") for k in dense)
+    np.testing.assert_allclose(got["pooled"], pooled, rtol=1e-6, atol=1e-7)
+    for t, (a, b) in enumerate(zip(got["tables"], tables)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
+    assert set(got["dense"]) == set(dense)
+    for k in dense:
+        np.testing.assert_allclose(got["dense"][k], dense[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -25,14 +25,19 @@ FEATURES = tuple(f"f{i}" for i in range(len(ROWS)))
 MODEL = {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]}
 
 
-def make_global_batches(n: int, sizes=(7, 10), seed: int = 0) -> list[list[dict]]:
-    """n steps; per step one part per rank (uneven sizes), as plain numpy dicts."""
+MODEL_DCN = {**MODEL, "interaction": "dcn", "dcn": {"num_layers": 2, "low_rank": 4}}
+
+
+def make_global_batches(n: int, sizes=(7, 10), seed: int = 0,
+                        max_len: int = 3) -> list[list[dict]]:
+    """n steps; per step one part per rank (uneven sizes), as plain numpy dicts; bags of 0 to
+    ``max_len`` ids."""
     rng = np.random.default_rng(seed)
     steps = []
     for _ in range(n):
         parts = []
         for b in sizes:
-            lengths = rng.integers(0, 4, size=(len(ROWS), b))
+            lengths = rng.integers(0, max_len + 1, size=(len(ROWS), b))
             values = np.concatenate([rng.integers(0, r, size=int(lengths[t].sum()))
                                      for t, r in enumerate(ROWS)])
             parts.append({"dense": rng.normal(size=(b, NUM_DENSE)).astype(np.float32),
@@ -96,8 +101,9 @@ def make_plan(kinds: list[str], dim: int = DIM) -> ShardingPlan:
 
 @worker_entry
 def parity_worker(scenarios: list[dict], steps: list[list[dict]]) -> dict:
-    """For each scenario (kinds per table, embedding optimizer): the pooled output of the first
-    batch and, after training on every step, the full tables and dense weights (rank 0)."""
+    """For each scenario (kinds per table, embedding optimizer; optional "model" and "steps" in
+    place of MODEL and ``steps``): the pooled output of the first batch and, after training on
+    every step, the full tables and dense weights (rank 0)."""
     return run_in_group(LaunchConfig(collective_timeout_s=60), _parity, scenarios, steps,
                         device="auto")
 
@@ -106,13 +112,16 @@ def _parity(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dict]]) 
     import torch.distributed as dist
 
     out = {}
+    all_steps = steps
     for sc in scenarios:
+        steps = sc.get("steps", all_steps)
         tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": sc["optimizer"],
                                                            "learning_rate": 0.2},
                                    "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
                                    "seed": 3}, "train")
         stats = CommStats()
-        model = build_sharded_model(ctx, make_plan(sc["kinds"]), parse(ModelConfig, MODEL, "model"),
+        model = build_sharded_model(ctx, make_plan(sc["kinds"]),
+                                    parse(ModelConfig, sc.get("model", MODEL), "model"),
                                     tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
         first = to_batch(steps[0][ctx.rank])
         with torch.no_grad():

@@ -1,5 +1,8 @@
 """torchdata.nodes loaders: parquet row groups -> Batch.
 
+One-hot files (an int64 id per feature) decode to ``Columns``; multi-hot files (``list<int64>``
+bags, ``recscale.data.multihot``) to ``BagColumns``; both become the same jagged Batch.
+
 Graph per rank: RowGroupSource (this rank's row groups) -> ParallelMapper (read + decode a row
 group in reader threads; pyarrow releases the GIL) -> Rebatcher (exact batch_size slices across
 row-group boundaries) -> Mapper (numpy -> Batch tensors) -> [PinMemory on CUDA] -> Prefetcher.
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
@@ -113,10 +117,73 @@ class Columns:
                          ("row", "label", "dense", "ids", "present")))
 
 
-def read_row_group(ref: RowGroupRef) -> Columns:
+@dataclass
+class BagColumns:
+    """Decoded multi-hot rows: ``lengths[i, t]`` ids for feature t of row i, ``values`` row-major
+    (row 0's bags of features 0..T-1, then row 1's, ...), so a slice of rows is one slice."""
+
+    row: np.ndarray
+    label: np.ndarray
+    dense: np.ndarray
+    lengths: np.ndarray  # int64 [n, T]
+    values: np.ndarray  # int64 [lengths.sum()]
+
+    def __len__(self) -> int:
+        return int(self.row.shape[0])
+
+    def slice(self, a: int, b: int) -> BagColumns:
+        per_row = self.lengths.sum(axis=1)
+        lo = int(per_row[:a].sum())
+        hi = lo + int(per_row[a:b].sum())
+        return BagColumns(self.row[a:b], self.label[a:b], self.dense[a:b], self.lengths[a:b],
+                          self.values[lo:hi])
+
+    @staticmethod
+    def concat(parts: Sequence[BagColumns]) -> BagColumns:
+        if len(parts) == 1:
+            return parts[0]
+        return BagColumns(*(np.concatenate([getattr(p, f) for p in parts]) for f in
+                            ("row", "label", "dense", "lengths", "values")))
+
+
+def regroup(lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Jagged ``values`` laid out by (i, j) segments of ``lengths[i, j]`` -> laid out by (j, i),
+    one gather (no Python loop over features or rows)."""
+    n, m = lengths.shape
+    src_start = np.zeros(n * m, dtype=np.int64)
+    np.cumsum(lengths.reshape(-1)[:-1], out=src_start[1:])
+    dst_len = lengths.T.reshape(-1)
+    dst_start = np.zeros(n * m, dtype=np.int64)
+    np.cumsum(dst_len[:-1], out=dst_start[1:])
+    shift = src_start.reshape(n, m).T.reshape(-1) - dst_start
+    return values[np.repeat(shift, dst_len) + np.arange(int(dst_len.sum()))]
+
+
+def _read_bags(table) -> BagColumns:
+    lengths, flat = [], []
+    for name in SPARSE_NAMES:
+        col = table.column(name).combine_chunks()
+        lengths.append(pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False))
+        flat.append(pc.list_flatten(col).to_numpy(zero_copy_only=False))
+    n = table.num_rows
+    lengths_tn = np.stack(lengths).astype(np.int64) if n else np.zeros((len(SPARSE_NAMES), 0),
+                                                                      np.int64)
+    values = np.concatenate(flat).astype(np.int64, copy=False)
+    return BagColumns(
+        row=table.column("row").to_numpy().copy(),
+        label=table.column("label").to_numpy().astype(np.float32),
+        dense=np.stack([table.column(n).to_numpy() for n in DENSE_NAMES], axis=1).astype(np.float32),
+        lengths=np.ascontiguousarray(lengths_tn.T),
+        values=regroup(lengths_tn, values),
+    )
+
+
+def read_row_group(ref: RowGroupRef) -> Columns | BagColumns:
     table = pq.ParquetFile(ref.path).read_row_group(ref.index)
     if ref.start or ref.stop is not None:
         table = table.slice(ref.start, ref.rows)
+    if pa.types.is_list(table.schema.field(SPARSE_NAMES[0]).type):
+        return _read_bags(table)
     dense = np.stack([table.column(n).to_numpy() for n in DENSE_NAMES], axis=1).astype(np.float32)
     ids = np.stack([pc.fill_null(table.column(n), 0).to_numpy() for n in SPARSE_NAMES], axis=1)
     present = np.stack([table.column(n).is_valid().to_numpy() for n in SPARSE_NAMES], axis=1)
@@ -135,7 +202,13 @@ def empty_columns(num_dense: int = len(DENSE_NAMES), num_sparse: int = len(SPARS
                    np.zeros((0, num_sparse), bool))
 
 
-def to_batch(cols: Columns) -> Batch:
+def to_batch(cols: Columns | BagColumns) -> Batch:
+    if isinstance(cols, BagColumns):
+        sparse = SparseFeatures(SPARSE_NAMES, torch.from_numpy(regroup(cols.lengths, cols.values)),
+                                torch.from_numpy(np.ascontiguousarray(cols.lengths.T)))
+        return Batch(torch.from_numpy(np.ascontiguousarray(cols.dense)), sparse,
+                     torch.from_numpy(np.ascontiguousarray(cols.label)),
+                     torch.from_numpy(np.ascontiguousarray(cols.row)))
     return Batch(
         dense=torch.from_numpy(np.ascontiguousarray(cols.dense)),
         sparse=SparseFeatures.from_dense_ids(SPARSE_NAMES, cols.ids, cols.present),
@@ -200,7 +273,7 @@ class Rebatcher(tn.BaseNode[Columns]):
                 self._n += len(part)
         if self._n == 0:
             raise StopIteration
-        merged = Columns.concat(self._buf)
+        merged = type(self._buf[0]).concat(self._buf)
         take = min(self.batch_size, self._n)
         out, rest = merged.slice(0, take), merged.slice(take, self._n)
         self._buf = [rest] if len(rest) else []

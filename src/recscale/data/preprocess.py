@@ -58,6 +58,8 @@ class PreprocessConfig(Validated):
     max_reject_fraction: float = 0.01
     compression: str = "zstd"
     workers: int = 1  # input files processed in parallel (separate processes)
+    # multi-hot input: a row whose bag holds more ids than this is rejected
+    max_bag_size: int = 256
 
     def validate(self, prefix: str = "preprocess") -> None:
         if self.table_sizes is not None:
@@ -75,6 +77,7 @@ class PreprocessConfig(Validated):
         check(self.compression in ("zstd", "snappy", "gzip", "none"), f"{prefix}.compression",
               self.compression, "one of zstd, snappy, gzip, none")
         check(self.workers >= 1, f"{prefix}.workers", self.workers, ">= 1")
+        check(self.max_bag_size >= 1, f"{prefix}.max_bag_size", self.max_bag_size, ">= 1")
 
     def resolve_table_sizes(self, hint: Sequence[int] | None = None) -> tuple[int, ...]:
         if self.table_sizes is not None:
@@ -106,8 +109,10 @@ def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray
 class _SplitWriter:
     """Buffers rows and writes parquet row groups of exactly ``row_group_size`` (last may be short)."""
 
-    def __init__(self, path: Path, row_group_size: int, compression: str, keep_empty: bool = True):
+    def __init__(self, path: Path, row_group_size: int, compression: str, keep_empty: bool = True,
+                 schema: pa.Schema | None = None):
         self.keep_empty = keep_empty
+        self.schema = schema if schema is not None else parquet_schema()
         self.path = path
         self.row_group_size = row_group_size
         self.compression = None if compression == "none" else compression
@@ -130,7 +135,7 @@ class _SplitWriter:
         head, tail = merged.slice(0, n), merged.slice(n)
         if self.writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.path, parquet_schema(), compression=self.compression)
+            self.writer = pq.ParquetWriter(self.path, self.schema, compression=self.compression)
         self.writer.write_table(head, row_group_size=n)
         self.rows += head.num_rows
         self.row_groups += 1
@@ -144,7 +149,7 @@ class _SplitWriter:
             self.writer.close()
         elif self.keep_empty:  # an empty split still gets a readable file
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(parquet_schema().empty_table(), self.path)
+            pq.write_table(self.schema.empty_table(), self.path)
 
 
 @dataclass(frozen=True)

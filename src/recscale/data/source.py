@@ -1,4 +1,6 @@
-"""Where raw data comes from: generated synthetic days or the user's Criteo TSV files."""
+"""Where raw data comes from: generated synthetic days (Criteo TSV, or multi-hot parquet), the
+user's Criteo TSV files, or the user's multi-hot parquet files (``recscale.data.multihot``'s raw
+format: label, I1..I13, C1..C26 as lists of ids)."""
 
 from __future__ import annotations
 
@@ -14,26 +16,35 @@ from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
 
 @dataclass(frozen=True)
 class DataConfig(Validated):
-    source: Literal["synthetic", "criteo_tsv"] = "synthetic"
+    source: Literal["synthetic", "criteo_tsv", "parquet"] = "synthetic"
     # synthetic: where the generated TSV goes
     raw_dir: str = "data/01_raw/synthetic"
-    # criteo_tsv: input files in time order (globs allowed, expanded in sorted order)
+    # criteo_tsv / parquet: input files in time order (globs allowed, expanded in sorted order)
     files: tuple[str, ...] = ()
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def validate(self, prefix: str = "data") -> None:
-        check_choice(f"{prefix}.source", self.source, ("synthetic", "criteo_tsv"))
+        check_choice(f"{prefix}.source", self.source, ("synthetic", "criteo_tsv", "parquet"))
         if self.source == "criteo_tsv" and not self.files:
             raise ConfigError(f"{prefix}.files is empty: source 'criteo_tsv' needs at least one "
                               "TSV path or glob (e.g. data/01_raw/criteo/day_*.tsv)")
+        if self.source == "parquet" and not self.files:
+            raise ConfigError(f"{prefix}.files is empty: source 'parquet' needs at least one "
+                              "multi-hot parquet path or glob (e.g. data/01_raw/mine/day_*.parquet)")
 
 
 def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None) -> dict:
     """Generate (or locate) the raw TSV files -> raw manifest dict."""
     if cfg.source == "synthetic":
-        rep = generate_criteo_tsv(cfg.synthetic, Path(cfg.raw_dir) / "day_00.tsv", progress)
+        if cfg.synthetic.multi_hot:
+            from recscale.data.multihot import generate_multihot_parquet
+
+            rep = generate_multihot_parquet(cfg.synthetic, Path(cfg.raw_dir) / "day_00.parquet",
+                                            progress)
+        else:
+            rep = generate_criteo_tsv(cfg.synthetic, Path(cfg.raw_dir) / "day_00.tsv", progress)
         return {
-            "source": "synthetic", "files": [rep.path], "rows": rep.num_rows,
+            "source": "synthetic", "files": [rep.path], "multi_hot": cfg.synthetic.multi_hot, "rows": rep.num_rows,
             "oracle_path": rep.oracle_path, "oracle_auc": rep.oracle_auc, "ctr": rep.ctr,
             "cardinalities": list(rep.cardinalities), "fingerprint": rep.fingerprint,
         }
@@ -43,4 +54,6 @@ def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None) 
         if not hits:
             raise ConfigError(f"data.files[{i}]={pattern!r} matches no file")
         files += hits
+    if cfg.source == "parquet":
+        return {"source": "parquet", "files": files, "multi_hot": True}
     return {"source": "criteo_tsv", "files": files}

@@ -46,6 +46,10 @@ SPARSE_MISSING = (
 DENSE_MU = (0.8, 2.0, 2.4, 1.6, 7.5, 3.5, 1.6, 2.5, 3.7, 0.4, 1.0, 0.3, 1.6)
 DENSE_SIGMA = (1.0, 1.6, 1.5, 1.0, 2.0, 1.9, 1.3, 0.9, 1.3, 0.6, 0.9, 0.9, 1.0)
 
+# MLPerf Training DLRM-DCNv2: ids per sample of C1..C26 in its multi-hot Criteo 1TB
+MLPERF_MULTI_HOT_SIZES = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10,
+                          3, 1, 1)
+
 BLOCK_ROWS = 1 << 16
 _FEATURE_SALT = 0x9E3779B9
 
@@ -70,6 +74,10 @@ class SyntheticConfig(Validated):
     base_ctr: float = 0.25
     # scales every planted effect: 0 gives labels that carry no signal (oracle AUC 0.5)
     signal_strength: float = 1.0
+    # multi-hot: bags of ids per feature (mean bag size per feature: pooling_factors), written
+    # as parquet list columns (recscale.data.multihot); false: one id per feature, Criteo TSV
+    multi_hot: bool = False
+    pooling_factors: tuple[float, ...] = MLPERF_MULTI_HOT_SIZES
 
     def validate(self, prefix: str = "data.synthetic") -> None:
         check(self.num_rows > 0, f"{prefix}.num_rows", self.num_rows, "a positive integer")
@@ -78,6 +86,8 @@ class SyntheticConfig(Validated):
         check(self.zipf_exponent > 0, f"{prefix}.zipf_exponent", self.zipf_exponent, "> 0")
         check(0 < self.base_ctr < 1, f"{prefix}.base_ctr", self.base_ctr, "a number in (0, 1)")
         check(self.signal_strength >= 0, f"{prefix}.signal_strength", self.signal_strength, ">= 0")
+        check(len(self.pooling_factors) == NUM_SPARSE and all(p >= 1 for p in self.pooling_factors),
+              f"{prefix}.pooling_factors", self.pooling_factors, f"{NUM_SPARSE} numbers >= 1")
         if self.cardinalities is not None:
             check(len(self.cardinalities) == NUM_SPARSE and all(c >= 1 for c in self.cardinalities),
                   f"{prefix}.cardinalities", self.cardinalities, f"{NUM_SPARSE} positive integers")
@@ -89,7 +99,10 @@ class SyntheticConfig(Validated):
         return scaled_cardinalities(self.cardinality_scale, self.keep_cardinality_below)
 
     def fingerprint(self) -> str:
-        blob = json.dumps(to_dict(self), sort_keys=True).encode() + b"v1"
+        d = to_dict(self)
+        if not self.multi_hot:  # one-hot data keeps the fingerprint it had before bags existed
+            d.pop("multi_hot"), d.pop("pooling_factors")
+        blob = json.dumps(d, sort_keys=True).encode() + b"v1"
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -159,8 +172,8 @@ class PlantedModel:
                 hi = mid
         return 0.5 * (lo + hi)
 
-    def sample(self, rng: np.random.Generator, n: int) -> tuple[dict, np.ndarray]:
-        """Draw n rows -> (columns, logit without bias)."""
+    def sample_dense(self, rng: np.random.Generator, n: int):
+        """Draw n rows' counts -> (counts, present mask, log1p counts, their logit term)."""
         # dense: log-normal counts, I2 also takes small negative values like Criteo's
         t = rng.normal(self.dense_center, DENSE_SIGMA, (n, NUM_DENSE))
         counts = np.floor(np.expm1(np.clip(t, 0.0, 20.0))).astype(np.int64)
@@ -170,7 +183,11 @@ class PlantedModel:
         counts[~dense_present] = 0
         # what the preprocessing computes, so the dense effects are learnable exactly
         logc = np.log1p(np.maximum(counts, 0))
-        logit = ((logc - self.dense_center) * self.dense_w).sum(axis=1)
+        return counts, dense_present, logc, ((logc - self.dense_center) * self.dense_w).sum(axis=1)
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[dict, np.ndarray]:
+        """Draw n rows -> (columns, logit without bias)."""
+        counts, dense_present, logc, logit = self.sample_dense(rng, n)
         ranks = np.empty((n, NUM_SPARSE), dtype=np.int64)
         u = rng.random((n, NUM_SPARSE))
         for j in range(NUM_SPARSE):

@@ -1,5 +1,6 @@
-"""DLRM: dense features through a bottom MLP, sparse features through embedding bags, pairwise dot
-(or concatenation) interaction, then a top MLP to one click logit.
+"""DLRM: dense features through a bottom MLP, sparse features through embedding bags, an
+interaction (pairwise dot, concatenation, or a DCN-v2 low-rank cross network over the
+concatenation: MLPerf's DLRM-DCNv2), then a top MLP to one click logit.
 
 The embedding module is injected, so the same DLRM runs with the single-process fused embedding
 bags or a sharded collection. ``dense_precision: bf16`` runs the MLPs and interaction under CPU/CUDA
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -18,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from recscale.config import Validated, check, check_choice
+from recscale.model.dcn import DCNConfig, LowRankCrossNet
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,10 @@ class ModelConfig(Validated):
     embedding_dim: int = 16
     bottom_mlp: tuple[int, ...] = (512, 256, 64, 16)
     top_mlp: tuple[int, ...] = (512, 256, 1)
-    interaction: Literal["dot", "cat"] = "dot"
+    interaction: Literal["dot", "cat", "dcn"] = "dot"
     dense_precision: Literal["fp32", "bf16"] = "fp32"
+    # the cross network of interaction: dcn (ignored by dot and cat)
+    dcn: DCNConfig = field(default_factory=DCNConfig)
 
     def validate(self, prefix: str = "model") -> None:
         check(self.embedding_dim > 0 and self.embedding_dim % 4 == 0, f"{prefix}.embedding_dim",
@@ -37,7 +41,7 @@ class ModelConfig(Validated):
               f"{prefix}.top_mlp", self.top_mlp, "a non-empty list of positive widths")
         check(self.top_mlp[-1] == 1, f"{prefix}.top_mlp", self.top_mlp,
               "a last width of 1 (one click logit)")
-        check_choice(f"{prefix}.interaction", self.interaction, ("dot", "cat"))
+        check_choice(f"{prefix}.interaction", self.interaction, ("dot", "cat", "dcn"))
         check_choice(f"{prefix}.dense_precision", self.dense_precision, ("fp32", "bf16"))
         if self.interaction == "dot":
             check(self.bottom_mlp[-1] == self.embedding_dim, f"{prefix}.bottom_mlp",
@@ -51,7 +55,7 @@ def interaction_dim(cfg: ModelConfig, num_tables: int) -> int:
     if cfg.interaction == "dot":
         f = num_tables + 1
         return d + f * (f - 1) // 2
-    return d + num_tables * cfg.embedding_dim
+    return d + num_tables * cfg.embedding_dim  # cat, and dcn (a cross net keeps the width)
 
 
 class MLP(nn.Sequential):
@@ -76,6 +80,9 @@ class DenseArch(nn.Module):
         self.num_tables = num_tables
         self.bottom = MLP(num_dense, cfg.bottom_mlp)
         self.top = MLP(interaction_dim(cfg, num_tables), cfg.top_mlp, last_activation=False)
+        if cfg.interaction == "dcn":
+            self.cross = LowRankCrossNet(interaction_dim(cfg, num_tables), cfg.dcn.num_layers,
+                                         cfg.dcn.low_rank)
         if cfg.interaction == "dot":
             f = num_tables + 1
             li, lj = torch.tril_indices(f, f, offset=-1)
@@ -93,6 +100,8 @@ class DenseArch(nn.Module):
         """x: [B, d] bottom output; emb: [B, T * D] pooled embeddings."""
         if self.cfg.interaction == "cat":
             return torch.cat([x, emb.to(x.dtype)], dim=1)
+        if self.cfg.interaction == "dcn":
+            return self.cross(torch.cat([x, emb.to(x.dtype)], dim=1))
         b = x.shape[0]
         feats = torch.cat([x.unsqueeze(1), emb.to(x.dtype).view(b, self.num_tables, -1)], dim=1)
         z = torch.bmm(feats, feats.transpose(1, 2)).flatten(1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from recscale.data.multihot import preprocess_multihot
 from recscale.data.preprocess import preprocess_criteo
 from recscale.data.source import prepare_raw
 from recscale.pipelines.common import as_metrics
@@ -19,9 +20,9 @@ def generate_or_locate_raw(cfg: DLRMConfig) -> dict:
 
 def preprocess(raw_manifest: dict, cfg: DLRMConfig) -> tuple[dict, dict]:
     with Progress(None, "preprocessing lines", unit="line") as bar:
-        report = preprocess_criteo(raw_manifest["files"], cfg.preprocess.output_dir,
-                                   cfg.preprocess, table_size_hint=raw_manifest.get("cardinalities"),
-                                   progress=bar.update)
+        run = preprocess_multihot if raw_manifest.get("multi_hot") else preprocess_criteo
+        report = run(raw_manifest["files"], cfg.preprocess.output_dir, cfg.preprocess,
+                     table_size_hint=raw_manifest.get("cardinalities"), progress=bar.update)
     with open(report.manifest_path) as fh:
         manifest = {"manifest_path": report.manifest_path, **json.load(fh)}
     metrics = {"lines_read": report.lines_read, "rows_written": report.rows_written,

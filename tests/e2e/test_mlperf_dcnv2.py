@@ -1,0 +1,39 @@
+"""conf/mlperf_dcnv2 (DLRM-DCNv2 on multi-hot data) end to end at toy size: the dlrm pipeline in
+this process with the env's parameters, only rows and paths made small."""
+
+import pytest
+
+from recscale.data.preprocess import load_manifest
+from tests.e2e.project import run_in_process
+
+pytestmark = pytest.mark.e2e
+
+
+def test_mlperf_dcnv2_env_trains_dcn_on_multi_hot_bags_and_reports_the_oracle(tmp_path):
+    params = {"data": {"raw_dir": str(tmp_path / "raw"), "synthetic": {"num_rows": 4000}},
+              "preprocess": {"output_dir": str(tmp_path / "pq"), "row_group_size": 1000},
+              "train": {"batch_size_per_rank": 256,
+                        "checkpoint": {"dir": str(tmp_path / "ckpt")}}}
+    out = run_in_process("dlrm", env="mlperf_dcnv2", params=params)
+    report = out["evaluation_report"].load()
+    assert 0.0 < report["auc"] < 1.0 and 0.5 < report["oracle_auc"] < 1.0
+    assert report["count"] == 400  # the test split: 10% of the rows, none rejected
+    manifest = load_manifest(tmp_path / "pq")
+    assert manifest["multi_hot"] is True and manifest["rows_rejected"] == 0
+    assert manifest["pooling_factors"][20] > 50  # C21: MLPerf's 100-id bags, minus missing ones
+    metrics = out["training_metrics"].load()
+    assert metrics["samples"]["value"] == 3200  # every training row, once
+
+
+def test_mlperf_dcnv2_parameters_parse_to_the_dcn_model_on_multi_hot_data():
+    from kedro.config import OmegaConfigLoader
+
+    from recscale.pipelines.common import DLRM_BLOCKS, parse_dlrm_config
+    from tests.conftest import PROJECT_ROOT
+
+    params = OmegaConfigLoader(str(PROJECT_ROOT / "conf"), base_env="base",
+                               default_run_env="mlperf_dcnv2",
+                               merge_strategy={"parameters": "soft"})["parameters"]
+    cfg = parse_dlrm_config(*(params[b] for b in DLRM_BLOCKS))
+    assert cfg.model.interaction == "dcn" and cfg.model.dcn.num_layers == 3
+    assert cfg.data.synthetic.multi_hot and sum(cfg.data.synthetic.pooling_factors) == 214
