@@ -9,7 +9,7 @@ from recscale.distributed import LaunchConfig, launch
 from recscale.sharding.traffic import estimate_comm_bytes
 from tests.distributed import hier_workers as H
 from tests.distributed import workers as W
-from tests.distributed.test_sharded_parity import reference
+from tests.distributed.test_sharded_parity import assert_equals_single_process, reference
 
 pytestmark = pytest.mark.dist
 
@@ -68,12 +68,7 @@ def parity(steps):
                          ids=lambda s: s["name"])
 def test_host_bound_types_train_exactly_like_one_process(parity, steps, sc):
     got = parity[sc["name"]]
-    pooled, tables, dense = reference(sc["optimizer"], steps)
-    np.testing.assert_allclose(got["pooled"], pooled, rtol=1e-6, atol=1e-7)
-    for t, (a, b) in enumerate(zip(got["tables"], tables)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
-    for k in dense:
-        np.testing.assert_allclose(got["dense"][k], dense[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert_equals_single_process(got, *reference(sc["optimizer"], steps))
     names = set().union(*[set(s) for s in got["bytes"]])
     assert {"hier_input_hosts", "hier_input_local", "hier_output_local", "hier_output_hosts",
             "hier_output_local_grad", "hier_output_hosts_grad"} <= names

@@ -97,16 +97,22 @@ def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_
     return pooled, tables, dense
 
 
+def assert_equals_single_process(got: dict, pooled, tables, dense) -> None:
+    """A sharded run's first pooled output, trained tables and dense weights against the single
+    process's (``reference``), at the tolerances every parity test uses."""
+    np.testing.assert_allclose(got["pooled"], pooled, rtol=1e-6, atol=1e-7)
+    for t, (a, b) in enumerate(zip(got["tables"], tables)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
+    for k in dense:
+        np.testing.assert_allclose(got["dense"][k], dense[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
 @pytest.mark.parametrize("sc", scenarios(), ids=lambda s: s["name"])
 def test_pooled_and_trained_weights_equal_the_single_process_run(distributed, steps, sc):
     got = distributed[sc["name"]]
     pooled, tables, dense = reference(sc["optimizer"], steps)
-    np.testing.assert_allclose(got["pooled"], pooled, rtol=1e-6, atol=1e-7)
-    for t, (a, b) in enumerate(zip(got["tables"], tables)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
     assert set(got["dense"]) == set(dense)
-    for k in dense:
-        np.testing.assert_allclose(got["dense"][k], dense[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert_equals_single_process(got, pooled, tables, dense)
 
 
 def test_tables_really_changed_and_bytes_were_counted(distributed, steps):
@@ -136,9 +142,5 @@ def test_dcn_with_multi_hot_bags_equals_the_single_process_run(distributed, sc):
     assert max(int(p["lengths"].max()) for parts in sc["steps"] for p in parts) > 3
     pooled, tables, dense = reference(sc["optimizer"], sc["steps"], model_params=sc["model"])
     assert any(k.startswith("cross.") for k in dense)
-    np.testing.assert_allclose(got["pooled"], pooled, rtol=1e-6, atol=1e-7)
-    for t, (a, b) in enumerate(zip(got["tables"], tables)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
     assert set(got["dense"]) == set(dense)
-    for k in dense:
-        np.testing.assert_allclose(got["dense"][k], dense[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert_equals_single_process(got, pooled, tables, dense)

@@ -470,7 +470,7 @@ def available() -> tuple[bool, str]:
         return False, "namespace hosts need root (ip netns add, tc qdisc); run the tests as root"
     for tool in ("ip", "tc"):
         if _tool(tool) is None:
-            return False, f"`{tool}` (iproute2) is not installed"
+            return False, f"`{tool}` is not installed (Debian: apt-get install iproute2)"
     try:  # the real thing, once: namespace, bridge, veth, tbf
         with NamespaceHosts(1, prefix="rsp", rate="1gbit", timeout=10):
             pass

@@ -182,16 +182,23 @@ def resume_reference(tmp, name, dataset, ckpt, step, world, epochs):
     return run_single(tmp, name, dataset, cfg)
 
 
-def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at_that_checkpoint(
-        netns_hosts, dataset, tmp_path):
+def lose_host_2(netns_hosts, dataset, tmp_path, epochs, kill_at):
+    """A job on 3 hosts with nnodes 2:3 whose host 2 is SIGKILLed once step ``kill_at`` is done;
+    -> (hosts, endpoint, checkpoint dir, driver, joiners)."""
     hosts = netns_hosts(3)
     ep = f"{hosts[0].addr}:{PORT}"
     ckpt = tmp_path / "ck"
-    cfg = config(ep, 6, "2:3", ckpt, epochs=2, launch={"max_restarts": 3})
+    cfg = config(ep, 6, "2:3", ckpt, epochs=epochs, launch={"max_restarts": 3})
     driver, joiners = start_job(hosts, tmp_path, "job", dataset, cfg)
-    kill_at = random.Random(os.getpid()).randint(4, 10)
     wait_for(lambda: progress_step(ckpt) >= kill_at, f"step {kill_at}")
     hosts.kill_host(2)
+    return hosts, ep, ckpt, driver, joiners
+
+
+def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at_that_checkpoint(
+        netns_hosts, dataset, tmp_path):
+    kill_at = random.Random(os.getpid()).randint(4, 10)
+    hosts, ep, ckpt, driver, joiners = lose_host_2(netns_hosts, dataset, tmp_path, 2, kill_at)
     rc, out = wait(driver, "the driver")
     assert rc == 0, out[-6000:]
     assert wait(joiners[0], "host 1")[0] == 0
@@ -210,13 +217,7 @@ def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at
 
 def test_a_returning_host_is_taken_back_at_the_next_restart_and_the_job_grows(
         netns_hosts, dataset, tmp_path):
-    hosts = netns_hosts(3)
-    ep = f"{hosts[0].addr}:{PORT}"
-    ckpt = tmp_path / "ck"
-    cfg = config(ep, 6, "2:3", ckpt, epochs=3, launch={"max_restarts": 3})
-    driver, joiners = start_job(hosts, tmp_path, "job", dataset, cfg)
-    wait_for(lambda: progress_step(ckpt) >= 4, "step 4")
-    hosts.kill_host(2)
+    hosts, ep, ckpt, driver, joiners = lose_host_2(netns_hosts, dataset, tmp_path, 3, 4)
     # host 2 comes back: `recscale join` again, started once the others went on without it
     trigger = tmp_path / "host2-back"
     back = hosts[2].popen([sys.executable, "-m", "tests.multihost.jobs", "join-when",

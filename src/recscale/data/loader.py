@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -127,14 +127,15 @@ class BagColumns:
     dense: np.ndarray
     lengths: np.ndarray  # int64 [n, T]
     values: np.ndarray  # int64 [lengths.sum()]
+    _starts: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.row.shape[0])
 
     def slice(self, a: int, b: int) -> BagColumns:
-        per_row = self.lengths.sum(axis=1)
-        lo = int(per_row[:a].sum())
-        hi = lo + int(per_row[a:b].sum())
+        if self._starts is None:  # where each row's ids begin: once per object, not per slice
+            self._starts = np.concatenate([[0], np.cumsum(self.lengths.sum(axis=1))])
+        lo, hi = int(self._starts[a]), int(self._starts[b])
         return BagColumns(self.row[a:b], self.label[a:b], self.dense[a:b], self.lengths[a:b],
                           self.values[lo:hi])
 
