@@ -7,7 +7,7 @@ export DO_NOT_TRACK := true
 export KEDRO_DISABLE_TELEMETRY := true
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: install system-packages run test test-fast lint bench clean
+.PHONY: install system-packages run test test-fast lint bench torchrec clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ lint: install
 
 bench: install
 	$(BIN)/python benchmarks/bench_train.py
+
+# optional: TorchRec's DLRM_DCN as a bench_train.py contender. Its wheel's requirements name the
+# CUDA build of fbgemm_gpu, which would replace fbgemm-gpu-cpu, so it goes in without them and its
+# pure-Python requirements are named here (versions checked with torch 2.13 + fbgemm-gpu-cpu 1.8)
+torchrec: install
+	$(BIN)/python -m pip install --no-deps torchrec==1.8.0 tensordict==0.15.3 torchmetrics==1.0.3 \
+		lightning-utilities==0.15.3 pyre-extensions==0.0.32 typing-inspect==0.9.0 \
+		mypy-extensions==1.2.0 pyvers==0.2.3 iopath==0.1.10 portalocker==4.4.2
 
 clean:
 	rm -rf data/0[2-8]*/* mlruns/mlflow.db mlruns/[0-9]*

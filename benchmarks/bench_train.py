@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+import torchrec_baseline  # this folder
 from loop_timing import loop_config, time_loop  # this folder
 from recscale.data.batch import Batch, SparseFeatures
 from recscale.data.synthetic import MLPERF_MULTI_HOT_SIZES, scaled_cardinalities
@@ -150,7 +151,8 @@ def baseline(cfg, sparse=True):
     return step
 
 
-def time_steps(step, batches, steps, reps, warmup=3, clock=time.perf_counter):
+def time_steps(step, batches, steps, reps, warmup=3, clock=time.perf_counter, batch_size=None):
+    batch_size = batch_size or batches[0].batch_size
     for b in batches[:warmup]:
         float(step(b))
     rates = []
@@ -158,7 +160,7 @@ def time_steps(step, batches, steps, reps, warmup=3, clock=time.perf_counter):
         t0 = clock()
         for i in range(steps):
             float(step(batches[i % len(batches)]))
-        rates.append(steps * batches[0].batch_size / (clock() - t0))
+        rates.append(steps * batch_size / (clock() - t0))
     return statistics.median(rates), rates
 
 
@@ -221,21 +223,32 @@ def quality(rows: int, out_dir: str) -> dict[str, dict]:
 
 
 def interleaved(name, cfg, batches, flops, args, rate32, rate16) -> dict:
-    """The four contenders (plain PyTorch with sparse and with dense table gradients, recscale
-    fp32 and bf16) timed in turn within each repetition, so a change of load on a shared machine
-    hits all of them alike; ratios are medians of the per-repetition ratios. The faster plain
-    variant is the baseline (dense gradients can win when the tables are small, bags long)."""
+    """The contenders (plain PyTorch with sparse and with dense table gradients, recscale fp32 and
+    bf16, and TorchRec's DLRM_DCN in fp32 and bf16 where torchrec imports) timed in turn within
+    each repetition, so a change of load on a shared machine hits all of them alike; ratios are
+    medians of the per-repetition ratios. The faster plain variant is the plain baseline (dense
+    gradients can win when the tables are small, bags long)."""
     sparse_step, dense_step = baseline(cfg), baseline(cfg, sparse=False)
     ours32, ours16 = ours(cfg, "fp32"), ours(cfg, "bf16")
-    for st in (sparse_step, dense_step):
-        time_steps(st, batches, 1, 1)
+    plain = {"sparse": sparse_step, "dense": dense_step}
+    why_not = torchrec_baseline.available()
+    if why_not is None:
+        for p in ("fp32", "bf16"):
+            step, convert = torchrec_baseline.torchrec_step(cfg, LR, p)
+            plain[f"torchrec_{p}"] = (step, [convert(b) for b in batches])
+    else:
+        print(f"TorchRec's DLRM_DCN not measured ({why_not}); `make torchrec` installs it")
+    for st in plain.values():
+        st, bs = st if isinstance(st, tuple) else (st, batches)
+        time_steps(st, bs, 1, 1, batch_size=cfg["batch"])
     for rt, tcfg in (ours32, ours16):
         time_loop(rt, batches, 1, 1, tcfg)
-    rates = {"sparse": [], "dense": [], "fp32": [], "bf16": []}
+    rates = {k: [] for k in (*plain, "fp32", "bf16")}
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for _ in range(args.reps):
-        rates["sparse"].append(time_steps(sparse_step, batches, args.steps, 1, 0, clock)[0])
-        rates["dense"].append(time_steps(dense_step, batches, args.steps, 1, 0, clock)[0])
+        for k, st in plain.items():
+            st, bs = st if isinstance(st, tuple) else (st, batches)
+            rates[k].append(time_steps(st, bs, args.steps, 1, 0, clock, cfg["batch"])[0])
         for p, (rt, tcfg) in (("fp32", ours32), ("bf16", ours16)):
             rates[p].append(time_loop(rt, batches, args.steps, 1, tcfg, 0, clock)[0])
     base_rates = [max(a, b) for a, b in zip(rates["sparse"], rates["dense"])]
@@ -251,6 +264,17 @@ def interleaved(name, cfg, batches, flops, args, rate32, rate16) -> dict:
         row[p] = {"samples_per_s": med, "reps": rates[p],
                   "ratio": statistics.median([o / b for o, b in zip(rates[p], base_rates)]),
                   "limit_samples_per_s": limit, "fraction_of_limit": med / limit}
+    if why_not is None:
+        tr = {}
+        for p in ("fp32", "bf16"):
+            trp = rates[f"torchrec_{p}"]
+            # recscale at p over TorchRec at p, and recscale at p over TorchRec in fp32
+            tr[p] = {"samples_per_s": statistics.median(trp), "reps": trp,
+                     "ours_over_torchrec_same_precision": statistics.median(
+                         [o / b for o, b in zip(rates[p], trp)]),
+                     "ours_over_torchrec_fp32": statistics.median(
+                         [o / b for o, b in zip(rates[p], rates["torchrec_fp32"])])}
+        row["torchrec"] = tr
     return row
 
 
@@ -347,6 +371,19 @@ def main(argv=None):
         print(f"| {r['config']} | {r['baseline_samples_per_s']:,.0f} | {f['samples_per_s']:,.0f} | "
               f"{f['ratio']:.2f}x | {f['fraction_of_limit']:.0%} | {b['samples_per_s']:,.0f} | "
               f"{b['ratio']:.2f}x | {b['fraction_of_limit']:.0%} |")
+    trows = [r for r in results if "torchrec" in r]
+    if trows:
+        print()
+        print("| config | TorchRec DLRM_DCN fp32 | recscale fp32 | ratio | TorchRec bf16 "
+              "| recscale bf16 | ratio (vs TorchRec bf16) | ratio (vs TorchRec fp32) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in trows:
+            t32, t16 = r["torchrec"]["fp32"], r["torchrec"]["bf16"]
+            print(f"| {r['config']} | {t32['samples_per_s']:,.0f} | {r['fp32']['samples_per_s']:,.0f} "
+                  f"| {t32['ours_over_torchrec_same_precision']:.2f}x | {t16['samples_per_s']:,.0f} "
+                  f"| {r['bf16']['samples_per_s']:,.0f} "
+                  f"| {t16['ours_over_torchrec_same_precision']:.2f}x "
+                  f"| {t16['ours_over_torchrec_fp32']:.2f}x |")
     q = quality(args.quality_rows, args.out_dir) if args.quality_rows else None
     if q:
         print_quality(f"quality on {args.quality_rows:,} synthetic rows (test split, 1 epoch):", q)
