@@ -6,8 +6,8 @@ Prints samples/s of each (median over repetitions), their ratio, and the fractio
 limit: the MLP FLOPs of a step over the matrix-multiply rate measured in the same run.
 
 The DLRM-DCNv2 config (``mlperf-dcnv2``: conf/mlperf_dcnv2's model and tables, MLPerf's bag sizes,
-fixed-size bags) is measured against the plain-PyTorch DCN below; TorchRec's DLRM_DCN is not
-measured (torchrec is not a dependency and is not installed on these machines).
+fixed-size bags) is measured against the plain-PyTorch DCN below and, where torchrec imports
+(``make torchrec``; not a dependency), against TorchRec's DLRM_DCN (torchrec_baseline.py).
 ``--dcn-quality-rows`` trains that config in fp32 and bf16 on multi-hot synthetic data (test AUC).
 
     python benchmarks/bench_train.py                  # every config, fp32 and bf16
