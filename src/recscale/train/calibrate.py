@@ -1,0 +1,404 @@
+"""Calibration: measure what the cost model's constants stand for, on this machine, and write a
+topology the planner accepts (``sharding.topology: <file>``).
+
+It lives in ``train`` because it runs the runtime's own pieces (fbgemm table-batched embeddings,
+the tiered cache, gloo collectives started by ``recscale.distributed.launch``, the dense arch),
+which the torch-free planner (``recscale.sharding``) may not import.
+
+What is measured (median of ``reps`` timed repetitions after a warm-up; threads as one rank of
+``local_world_size`` gets):
+
+- lookup + fused update (forward, backward with the fused optimizer), per tier: in memory
+  (``FusedEmbeddingBags``: the compute tier), DDR-backed and SSD-backed cache
+  (``TieredEmbeddingBags``, uniform ids so most lookups miss; the measured hit rate separates
+  the slow tier's share), by embedding dim and pooling factor, at two batch sizes. Fitted (non-
+  negative least squares) to the cost model's terms: seconds per step (``<tier>_op_s``), per id
+  (``<tier>_id_s``), per pooled vector (``bag_s``) and per byte the cost model counts
+  (``<tier>_bw``). On a CPU the compute tier is DDR, so the DDR-backed cache has no tier of the
+  topology to go to: it is reported (``fits["ddr_cache"]``), not written.
+- pooled all-to-all and all-reduce inside a host: 2 gloo ranks, messages of several sizes,
+  fitted to latency per call + bytes each rank sends over ``intra_node_bw``. Across hosts only
+  where the run spans hosts (not measured here: ``inter_node_*`` keep the base topology's).
+- the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step at two
+  batch sizes: ``dense_flops`` and ``dense_op_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from recscale.config import Validated, check
+from recscale.data.batch import SparseFeatures
+from recscale.distributed import LaunchConfig, launch, run_in_group, set_threads, worker_entry
+from recscale.model.dlrm import DenseArch, ModelConfig, interaction_dim
+from recscale.sharding import Topology
+from recscale.sharding.step_time import DenseSpec
+from recscale.sharding.types import OPTIMIZER_STATE
+
+NUM_DENSE = 13
+
+
+class CalibrationError(RuntimeError):
+    """Calibration cannot run here; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class CalibrationConfig(Validated):
+    """How long and what to measure (``recscale calibrate`` flags / ``sharding.calibration``)."""
+
+    dims: tuple[int, ...] = (16, 128)
+    poolings: tuple[int, ...] = (1, 8)
+    batch_sizes: tuple[int, ...] = (256, 2048)
+    tables: int = 4  # tables per in-memory module
+    rows: int = 20000  # rows per in-memory table
+    cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
+    cache_fraction: float = 0.2
+    tiers: tuple[str, ...] = ("memory", "ddr", "ssd")
+    scratch_dir: str = ""  # SSD-backed cache files ("" = the system temp directory)
+    reps: int = 3
+    comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
+    comm_ranks: int = 2
+    optimizer: str = "exact_rowwise_adagrad"
+    timeout_s: float = 120.0
+
+    def validate(self, prefix: str = "calibration") -> None:
+        for key in ("dims", "poolings", "batch_sizes", "comm_sizes"):
+            v = getattr(self, key)
+            check(len(v) >= 1 and all(isinstance(x, int) and x > 0 for x in v), f"{prefix}.{key}",
+                  v, "a non-empty list of positive integers")
+        check(all(d % 4 == 0 for d in self.dims), f"{prefix}.dims", self.dims,
+              "multiples of 4 (fbgemm's row alignment)")
+        check(len(set(self.batch_sizes)) >= 2, f"{prefix}.batch_sizes", self.batch_sizes,
+              "at least two different sizes (a fixed and a per-item cost are fitted)")
+        check(set(self.tiers) <= {"memory", "ddr", "ssd"} and "memory" in self.tiers,
+              f"{prefix}.tiers", self.tiers, "'memory' and any of 'ddr', 'ssd'")
+        check(0 < self.cache_fraction < 1, f"{prefix}.cache_fraction", self.cache_fraction,
+              "in (0, 1)")
+        check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
+              self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
+        check(self.comm_ranks in (0, 2), f"{prefix}.comm_ranks", self.comm_ranks,
+              "2 (measure) or 0 (keep the base topology's links)")
+
+
+@dataclass
+class Calibration:
+    """The measured topology and what it came from (``points``: every timing; ``fits``: the
+    fitted constants per part, with the fit's median relative error)."""
+
+    topology: Topology
+    fits: dict[str, dict[str, float]] = field(default_factory=dict)
+    points: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"calibration.{part}.{k}": v for part, f in self.fits.items() for k, v in f.items()}
+        out["calibration.seconds"] = self.seconds
+        return out
+
+
+# --- timing helpers --------------------------------------------------------------------------------
+def _median_time(fn: Callable[[int], Any], reps: int) -> float:
+    fn(-1)  # warm-up
+    ts = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn(i)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising the *relative* error (rows weighted by 1 / y), so
+    small messages and batches count as much as large ones."""
+    from scipy.optimize import nnls
+
+    w = 1.0 / np.maximum(y, 1e-9)
+    Xw, yw = X * w[:, None], y * w
+    s = np.maximum(np.abs(Xw).max(axis=0), 1e-30)  # comparable column magnitudes
+    coef, _ = nnls(Xw / s, yw)
+    return coef / s
+
+
+def _rel_err(X, y, coef) -> float:
+    pred = X @ coef
+    return float(np.median(np.abs(pred - y) / np.maximum(y, 1e-12)))
+
+
+def check_writable(path: str, what: str) -> str:
+    """``path`` exists (made if missing) and a file can be written in it, else a clear error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise CalibrationError(f"cannot calibrate the {what}: its directory {path!r} cannot be "
+                               f"written ({e.strerror or e}); give a writable directory "
+                               "(--scratch-dir / train.tiers.scratch_dir) or leave the tier out "
+                               "(--tiers memory,ddr)") from e
+    return path
+
+
+# --- embeddings -----------------------------------------------------------------------------------
+def _batch(T: int, B: int, L: int, rows: int, g: torch.Generator) -> SparseFeatures:
+    lengths = torch.full((T, B), L, dtype=torch.int64)
+    values = torch.randint(0, rows, (T * B * L,), generator=g)
+    return SparseFeatures(("",) * T, values, lengths)
+
+
+def _bytes(ids, bags, d, wb, opt_row, opt_elem):
+    """The cost model's bytes: ids x (3 x row + 2 x optimizer state) (tier), pooled (compute)."""
+    return ids * (3 * d * wb + 2 * (opt_row + opt_elem * d)), 2 * bags * d * 4
+
+
+def _measure_module(make, cfg: CalibrationConfig, T: int, rows: int, progress) -> list[dict]:
+    from recscale.embedding.tbe import EmbeddingOptimizerConfig
+
+    opt = EmbeddingOptimizerConfig(name=cfg.optimizer)
+    pts = []
+    g = torch.Generator().manual_seed(0)
+    for d in cfg.dims:
+        mod = make(opt, T, rows, d)
+        try:
+            for L in cfg.poolings:
+                for B in cfg.batch_sizes:
+                    batches = [_batch(T, B, L, rows, g) for _ in range(cfg.reps + 1)]
+                    before = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
+
+                    def step(i, mod=mod, batches=batches):
+                        mod(batches[i + 1]).sum().backward()
+
+                    t = _median_time(step, cfg.reps)
+                    after = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
+                    look = after.get("lookups", 0) - before.get("lookups", 0)
+                    hits = after.get("hits", 0) - before.get("hits", 0)
+                    h = hits / look if look else 1.0
+                    pts.append({"dim": d, "pooling": L, "batch": B, "ids": T * B * L,
+                                "bags": T * B, "seconds": t, "hit_rate": h})
+                    progress()
+        finally:
+            if hasattr(mod, "close"):
+                mod.close()
+    return pts
+
+
+def _fit_memory(pts, wb, opt_row, opt_elem):
+    X, y = [], []
+    for p in pts:
+        tb, pb = _bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem)
+        X.append([1.0, p["ids"], p["bags"], tb + pb])
+        y.append(p["seconds"])
+    X, y = np.array(X), np.array(y)
+    c = _nnls(X, y)
+    bw = 1.0 / c[3] if c[3] > 0 else 1e12
+    return {"op_s": c[0], "id_s": c[1], "bag_s": c[2], "bw": bw, "fit_rel_err": _rel_err(X, y, c)}
+
+
+def _fit_cached(pts, fast, wb, opt_row, opt_elem):
+    """The slow tier behind a cache: what the hits cost is the compute tier's (``fast``); the
+    misses' share of ids and bytes is fitted."""
+    X, y = [], []
+    for p in pts:
+        tb, pb = _bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem)
+        h = p["hit_rate"]
+        known = (p["ids"] * h * fast["id_s"] + p["bags"] * fast["bag_s"]
+                 + (tb * h + pb) / fast["bw"])
+        X.append([1.0, p["ids"] * (1 - h), tb * (1 - h)])
+        y.append(max(p["seconds"] - known, 0.0))
+    X, y = np.array(X), np.array(y)
+    c = _nnls(X, y)
+    bw = 1.0 / c[2] if c[2] > 0 else 1e12
+    total = np.array([p["seconds"] for p in pts])
+    return {"op_s": c[0], "id_s": c[1], "bw": bw,
+            "fit_rel_err": float(np.median(np.abs(X @ c - y) / total)),
+            "hit_rate": float(np.mean([p["hit_rate"] for p in pts]))}
+
+
+# --- dense -------------------------------------------------------------------------------------------
+def dense_spec(model_cfg: ModelConfig, num_tables: int, num_dense: int = NUM_DENSE) -> DenseSpec:
+    """The dense arch of ``model_cfg`` as the step-time prediction sees it."""
+    top_in = interaction_dim(model_cfg, num_tables)
+    inter = 0.0
+    if model_cfg.interaction == "dot":
+        f = num_tables + 1
+        inter = 2.0 * f * f * model_cfg.embedding_dim
+    return DenseSpec.mlps(num_dense, model_cfg.bottom_mlp, top_in, model_cfg.top_mlp, inter)
+
+
+def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConfig, progress):
+    torch.manual_seed(0)
+    arch = DenseArch(NUM_DENSE, num_tables, model_cfg)
+    opt = torch.optim.Adam(arch.parameters(), lr=1e-3, foreach=True)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    spec = dense_spec(model_cfg, num_tables)
+    pts = []
+    for B in cfg.batch_sizes:
+        x = torch.randn(B, NUM_DENSE)
+        emb = torch.randn(B, num_tables * model_cfg.embedding_dim)
+        y = torch.rand(B).round()
+
+        def step(i, x=x, emb=emb, y=y):
+            loss = loss_fn(arch(x, emb), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        pts.append({"batch": B, "flops": 3 * B * spec.flops_per_sample,
+                    "seconds": _median_time(step, cfg.reps)})
+        progress()
+    X = np.array([[1.0, p["flops"]] for p in pts])
+    y = np.array([p["seconds"] for p in pts])
+    c = _nnls(X, y)
+    return pts, {"op_s": c[0], "flops": 1.0 / c[1] if c[1] > 0 else 1e15,
+                 "fit_rel_err": _rel_err(X, y, c)}
+
+
+# --- collectives -------------------------------------------------------------------------------------
+def _comm_rank(ctx, sizes, reps):
+    import torch.distributed as dist
+
+    out = []
+    for nbytes in sizes:
+        n = max(nbytes // 4, ctx.world_size)
+        n -= n % ctx.world_size
+        x = torch.randn(n)
+        y = torch.empty_like(x)
+        for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
+                         ("all_reduce", lambda y=y: dist.all_reduce(y))):
+            dist.barrier()
+            t = _median_time(lambda i, fn=fn: fn(), reps)
+            out.append({"collective": name, "bytes": n * 4, "seconds": t})
+    return out
+
+
+@worker_entry
+def _comm_worker(launch_d: dict, sizes, reps, threads):
+    from recscale.config import parse
+
+    cfg = parse(LaunchConfig, launch_d, "calibration.launch")
+    torch.set_num_threads(threads)
+    return run_in_group(cfg, _comm_rank, sizes, reps)
+
+
+def _measure_comms(cfg: CalibrationConfig, threads: int):
+    from recscale.config import to_dict
+
+    W = cfg.comm_ranks
+    lc = LaunchConfig(world_size=W, collective_timeout_s=cfg.timeout_s,
+                      exit_timeout_s=min(cfg.timeout_s, 60.0))
+    res = launch(_comm_worker, (to_dict(lc), list(cfg.comm_sizes), max(3 * cfg.reps, 7), threads),
+                 lc)
+    # the slower rank's time is the collective's
+    pts = []
+    for a, b in zip(res[0], res[1]):
+        pts.append({**a, "seconds": max(a["seconds"], b["seconds"])})
+    X, y = [], []
+    for p in pts:
+        share = (W - 1) / W * (2 if p["collective"] == "all_reduce" else 1)
+        X.append([1.0, p["bytes"] * share])
+        y.append(p["seconds"])
+    X, y = np.array(X), np.array(y)
+    c = _nnls(X, y)
+    return pts, {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
+                 "fit_rel_err": _rel_err(X, y, c)}
+
+
+# --- the whole calibration --------------------------------------------------------------------------
+def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
+              model_cfg: ModelConfig | None = None, num_tables: int = 26,
+              weight_precision: str = "fp32", progress=None) -> Calibration:
+    """Measure this machine and return ``base`` with its constants replaced by the measured
+    ones (see the module docstring). ``progress``: a ``recscale.progress.Progress`` or None.
+    Raises ``CalibrationError`` where a part cannot run (a tier's directory not writable)."""
+    from recscale.embedding.cache import TieredEmbeddingBags
+    from recscale.embedding.tbe import FusedEmbeddingBags
+    from recscale.embedding.tier_config import TierConfig
+    from recscale.sharding.types import PRECISION_BYTES
+
+    cfg = cfg or CalibrationConfig()
+    model_cfg = model_cfg or ModelConfig()
+    if base.device != "cpu":
+        raise CalibrationError(f"calibration measures CPU ranks here; topology {base.name!r} is "
+                               f"for device {base.device!r}: calibrate on its own machines")
+    if weight_precision != "fp32":
+        raise CalibrationError(f"weights {weight_precision}: the CPU runtime trains fp32 tables")
+    scratch = cfg.scratch_dir or tempfile.gettempdir()
+    if "ssd" in cfg.tiers:
+        check_writable(scratch, "SSD-backed cache tier")
+    t_start = time.perf_counter()
+    threads = max(1, (os.cpu_count() or 1) // base.local_world_size)
+    previous_threads = torch.get_num_threads()
+    set_threads(threads)
+    per_module = len(cfg.dims) * len(cfg.poolings) * len(cfg.batch_sizes)
+    total = per_module * len(cfg.tiers) + len(cfg.batch_sizes) + (1 if cfg.comm_ranks else 0)
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None:
+            progress.update(done[0], total)
+
+    orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
+    wb = float(PRECISION_BYTES[weight_precision])
+    out = Calibration(base)
+    store = tempfile.mkdtemp(prefix="recscale-calibrate-", dir=scratch if "ssd" in cfg.tiers
+                             else None)
+    try:
+        out.points["memory"] = _measure_module(
+            lambda o, T, R, d: FusedEmbeddingBags([R] * T, [d] * T, o), cfg, cfg.tables,
+            cfg.rows, tick)
+        fast = _fit_memory(out.points["memory"], wb, orow, oelem)
+        out.fits["memory"] = fast
+        for tier in ("ddr", "ssd"):
+            if tier not in cfg.tiers:
+                continue
+            tcfg = TierConfig(tier=tier, scratch_dir=store, min_cache_rows=64, prefetch=False)
+
+            def make(o, T, R, d, tcfg=tcfg):
+                return TieredEmbeddingBags([R], [d], o, config=tcfg,
+                                           cache_fractions=[cfg.cache_fraction])
+
+            max_ids = max(cfg.batch_sizes) * max(cfg.poolings)
+            rows = max(cfg.cache_rows, int(2 * max_ids / cfg.cache_fraction))
+            out.points[f"{tier}_cache"] = _measure_module(make, replace(cfg, tables=1), 1, rows,
+                                                          tick)
+            out.fits[f"{tier}_cache"] = _fit_cached(out.points[f"{tier}_cache"], fast, wb, orow,
+                                                    oelem)
+        pts, fit = _measure_dense(model_cfg, num_tables, cfg, tick)
+        out.points["dense"], out.fits["dense"] = pts, fit
+        if cfg.comm_ranks:
+            set_threads(previous_threads)
+            pts, fit = _measure_comms(cfg, threads)
+            out.points["intra_host"], out.fits["intra_host"] = pts, fit
+            tick()
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+        set_threads(previous_threads)
+    ct = base.compute_tier
+    kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
+                          f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],
+                          "dense_flops": out.fits["dense"]["flops"],
+                          "dense_op_s": out.fits["dense"]["op_s"]}
+    for tier in ("hbm", "ddr", "ssd"):
+        fit = out.fits.get(f"{tier}_cache")
+        if fit is not None and tier != ct:
+            kw.update({f"{tier}_bw": fit["bw"], f"{tier}_op_s": fit["op_s"],
+                       f"{tier}_id_s": fit["id_s"]})
+            if base.capacity(tier) <= 0 and tier == "ssd":  # a tier the run may spill to
+                kw["ssd_bytes"] = float(shutil.disk_usage(scratch).free / base.local_world_size)
+    if "intra_host" in out.fits:
+        kw.update(intra_node_bw=out.fits["intra_host"]["bw"],
+                  intra_node_lat_s=out.fits["intra_host"]["lat_s"])
+    kw["name"] = f"{base.name}-calibrated" if not base.name.endswith("-calibrated") else base.name
+    out.topology = replace(base, **kw)
+    out.seconds = time.perf_counter() - t_start
+    return out
