@@ -3,8 +3,8 @@
     recscale calibrate --out data/06_models/topology.yml
     kedro run --pipeline=dlrm --params=sharding.topology=data/06_models/topology.yml
 
-Measures (``recscale.train.calibrate``) the lookup + fused update rate per memory tier, the
-collectives between 2 local ranks and the dense arch's step, in seconds to a minute, and writes the
+Measures (``recscale.train.calibrate``), on the ranks a run puts on this machine, the lookup +
+fused update rate per memory tier, the collectives between them and the dense arch's step, in seconds to a minute, and writes the
 base preset's fields with the measured values. Exits 2 with a message where it cannot run (e.g. the
 SSD tier's directory cannot be written).
 """
@@ -36,6 +36,8 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                    "of ddr, ssd (default %(default)s)")
     p.add_argument("--dims", type=_ints, default=(16, 128), help="embedding dims (default 16,128)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per point (default 3)")
+    p.add_argument("--ranks-per-host", type=int, default=None, help="ranks that train on this "
+                   "machine (default: the base's); they measure at the same time, as they train")
     p.add_argument("--no-comms", action="store_true", help="keep the base's link figures")
     p.add_argument("--progress", default="auto", choices=("auto", "bar", "log", "off"))
     args = p.parse_args(argv)
@@ -44,17 +46,15 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from recscale.config import ConfigError
-    from recscale.progress import Progress
     from recscale.sharding import Topology
     from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
 
     try:
         cfg = CalibrationConfig(dims=args.dims, reps=args.reps, scratch_dir=args.scratch_dir,
                                 tiers=tuple(t for t in args.tiers.split(",") if t),
-                                comm_ranks=0 if args.no_comms else 2)
-        base = Topology.preset(args.base)
-        with Progress(None, "calibrate", unit="point", mode=args.progress) as bar:
-            cal = calibrate(base, cfg, progress=bar)
+                                comms=not args.no_comms)
+        base = Topology.preset(args.base, local_world_size=args.ranks_per_host)
+        cal = calibrate(base, cfg, progress_mode=args.progress)
     except (CalibrationError, ConfigError) as e:
         print(f"recscale calibrate: {e}", file=sys.stderr)
         return 2

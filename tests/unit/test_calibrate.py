@@ -12,28 +12,32 @@ from recscale.sharding.topology import CALIBRATED
 from recscale.train import DLRMConfig
 from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
 
-# one dim, one pooling, memory + SSD-backed cache, no collectives: about a second
+# one rank per host (measured in this process), one dim, one pooling, memory + SSD-backed cache:
+# about a second
 TINY = CalibrationConfig(dims=(16,), poolings=(2,), batch_sizes=(64, 256), tables=2, rows=2000,
-                         cache_rows=5000, tiers=("memory", "ssd"), reps=1, comm_ranks=0)
+                         cache_rows=5000, tiers=("memory", "ssd"), reps=1)
+ONE = Topology.preset("cpu-local", world_size=1)
 
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     scratch = tmp_path_factory.mktemp("scratch")
-    return calibrate(Topology.preset("cpu-local"), dataclasses.replace(TINY, scratch_dir=str(scratch)))
+    return calibrate(ONE, dataclasses.replace(TINY, scratch_dir=str(scratch)))
 
 
 def test_calibration_output_round_trips_as_a_topology(calibrated, tmp_path):
     topo = calibrated.topology
     assert topo.calibrated and topo.name == "cpu-local-calibrated"
-    assert topo.ddr_id_s > 0 and topo.dense_flops > 0 and topo.ssd_bw > 0 and topo.ssd_bytes > 0
+    # timings vary; what is asserted is that every constant was written and the SSD tier exists
+    assert all(getattr(topo, k) >= 0 for k in CALIBRATED) and topo.dense_flops > 0
+    assert topo.ssd_bw > 0 and topo.ssd_bytes > 0 and "ssd" in topo.tiers
     path = topo.save(tmp_path / "topology.yml")
     assert Topology.load(path) == topo
     # sharding.topology accepts the file; its world size follows the run's
     cfg = ShardingConfig(topology=str(path))
-    assert cfg.topology_for(2) == topo
-    one = cfg.topology_for(1)
-    assert one.world_size == 1 and one.ddr_bytes == 2 * topo.ddr_bytes
+    assert cfg.topology_for(1) == topo
+    two = ShardingConfig(topology=str(path), local_world_size=2).topology_for(2)
+    assert (two.world_size, two.local_world_size, two.ddr_bytes) == (2, 2, topo.ddr_bytes / 2)
     # a preset's dict (and so every plan made from a preset) has no measured-only keys
     assert not set(CALIBRATED) & set(Topology.preset("zionex").to_dict())
     assert set(calibrated.metrics()) >= {"calibration.memory.id_s", "calibration.ssd_cache.bw",
@@ -41,7 +45,7 @@ def test_calibration_output_round_trips_as_a_topology(calibrated, tmp_path):
 
 
 def test_a_plan_from_a_calibrated_topology_is_valid(calibrated):
-    topo = calibrated.topology.for_world(2)
+    topo = calibrated.topology.for_world(2, 2)
     tables = [TableSpec(f"t{i}", 1000 * (i + 1), 16 if i % 2 else 128, 1.0 + i) for i in range(8)]
     plan = plan_sharding(tables, topo, 256)
     for tp, spec in zip(plan.tables, tables):
@@ -64,7 +68,7 @@ def test_calibration_refuses_a_tier_whose_directory_cannot_be_written(tmp_path):
     cfg = dataclasses.replace(TINY, scratch_dir=str(blocker / "tiers"))
     with pytest.raises(CalibrationError, match=r"SSD-backed cache tier: its directory .*a_file/"
                                                r"tiers' cannot be written"):
-        calibrate(Topology.preset("cpu-local"), cfg)
+        calibrate(ONE, cfg)
     with pytest.raises(CalibrationError, match="device 'cuda'"):
         calibrate(Topology.preset("zionex"), TINY)
     from recscale.calibrate import calibrate_main

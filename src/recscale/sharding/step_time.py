@@ -27,9 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from recscale.config import check
+
 from .cost import CostModel
 from .plan import ShardingPlan
-from .types import PRECISION_BYTES
+from .topology import Topology
+from .types import PRECISION_BYTES, SHARDING_TYPES, TIERS
 
 # dense FLOP/s assumed for an uncalibrated topology (forward + backward of fp32 MLPs): a few
 # cores' worth on a CPU; a fraction of an A100's TF32 peak on CUDA. Assumptions, not measurements.
@@ -76,10 +79,26 @@ class StepPrediction:
     parts: dict[str, tuple[float, ...]]
 
 
-def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None,
-                 pipelined: bool = True) -> StepPrediction:
-    """Per-rank step time of a run of ``plan`` (see the module docstring)."""
-    topo = plan.topology
+def _shard_costs(cm: CostModel, tp, s) -> tuple[float, float]:
+    """(compute, comms) seconds of one shard of table plan ``tp`` under ``cm``'s topology."""
+    kind = SHARDING_TYPES.index(tp.sharding_type)
+    k = len(tp.shards) if tp.sharding_type != "data_parallel" else 1
+    c = cm.shards(kind, tp.num_embeddings, tp.pooling_factor, len(tp.feature_names),
+                  s.row_length, s.col_length, k, TIERS.index(s.tier), s.cache_fraction)
+    return float(c.compute), float(c.comms)
+
+
+def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: bool = True,
+                 topology: Topology | None = None) -> StepPrediction:
+    """Per-rank step time of a run of ``plan`` (see the module docstring); ``topology``: cost
+    the same shards on another description of the machine (e.g. the preset vs a calibrated one;
+    same world size and hosts), default the plan's own."""
+    topo = plan.topology if topology is None else topology
+    if topology is not None:
+        check(topo.world_size == plan.world_size and
+              topo.local_world_size == plan.local_world_size, "topology.world_size",
+              topo.world_size, f"the plan's {plan.world_size} ranks, "
+              f"{plan.local_world_size} per host")
     W, B = topo.world_size, float(plan.batch_size_per_rank)
     cm = CostModel(topo, plan.batch_size_per_rank, plan.options)
     ct = topo.compute_tier
@@ -98,17 +117,19 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None,
         for s in tp.shards:
             r = s.rank
             tiers_on[r].add(s.tier)
+            compute_s, comms_s = ((s.compute_cost, s.comms_cost) if topology is None
+                                  else _shard_costs(cm, tp, s))
             vec = B * F if dp else B * W * F
             ids = vec * L if dp else vec * L * s.row_length / N
             h = float(cm.hit_rate(s.cache_fraction)) if s.tier != ct else 1.0
             id_s = h * topo.id_seconds(ct) + (1 - h) * topo.id_seconds(s.tier)
-            emb[r] += s.compute_cost + ids * id_s + vec * topo.bag_s
+            emb[r] += compute_s + ids * id_s + vec * topo.bag_s
             if dp:
-                emb[r] += s.comms_cost  # the replica's gradient all-reduce: with DDP's, compute
+                emb[r] += comms_s  # the replica's gradient all-reduce: with DDP's, compute
                 continue
             i = (ids * cm.ib + vec * 4) * cm.a2a
-            inp[r] += min(i, s.comms_cost)
-            rest = s.comms_cost - min(i, s.comms_cost)
+            inp[r] += min(i, comms_s)
+            rest = comms_s - min(i, comms_s)
             out_fwd[r] += rest * f_share
             out_bwd[r] += rest * (1 - f_share)
     for r in range(W):

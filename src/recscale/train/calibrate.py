@@ -5,8 +5,11 @@ It lives in ``train`` because it runs the runtime's own pieces (fbgemm table-bat
 the tiered cache, gloo collectives started by ``recscale.distributed.launch``, the dense arch),
 which the torch-free planner (``recscale.sharding``) may not import.
 
-What is measured (median of ``reps`` timed repetitions after a warm-up; threads as one rank of
-``local_world_size`` gets):
+What is measured runs on the workers as training lays them out: the topology's
+``local_world_size`` ranks (started by ``recscale.distributed.launch``; one rank runs in this
+process), each with its share of the cores, measuring the same point at the same time (a rank
+shares the machine with its peers, as in a step); a point's time is the median of ``reps`` timed
+repetitions after a warm-up, on the slowest rank:
 
 - lookup + fused update (forward, backward with the fused optimizer), per tier: in memory
   (``FusedEmbeddingBags``: the compute tier), DDR-backed and SSD-backed cache
@@ -16,7 +19,7 @@ What is measured (median of ``reps`` timed repetitions after a warm-up; threads 
   (``<tier>_id_s``), per pooled vector (``bag_s``) and per byte the cost model counts
   (``<tier>_bw``). On a CPU the compute tier is DDR, so the DDR-backed cache has no tier of the
   topology to go to: it is reported (``fits["ddr_cache"]``), not written.
-- pooled all-to-all and all-reduce inside a host: 2 gloo ranks, messages of several sizes,
+- pooled all-to-all and all-reduce inside a host: the host's gloo ranks, messages of several sizes,
   fitted to latency per call + bytes each rank sends over ``intra_node_bw``. Across hosts only
   where the run spans hosts (not measured here: ``inter_node_*`` keep the base topology's).
 - the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step at two
@@ -67,7 +70,7 @@ class CalibrationConfig(Validated):
     scratch_dir: str = ""  # SSD-backed cache files ("" = the system temp directory)
     reps: int = 3
     comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
-    comm_ranks: int = 2
+    comms: bool = True  # measure the collectives between the host's ranks
     optimizer: str = "exact_rowwise_adagrad"
     timeout_s: float = 120.0
 
@@ -86,8 +89,7 @@ class CalibrationConfig(Validated):
               "in (0, 1)")
         check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
               self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
-        check(self.comm_ranks in (0, 2), f"{prefix}.comm_ranks", self.comm_ranks,
-              "2 (measure) or 0 (keep the base topology's links)")
+        check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
 
 
 @dataclass
@@ -255,52 +257,39 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
         pts.append({"batch": B, "flops": 3 * B * spec.flops_per_sample,
                     "seconds": _median_time(step, cfg.reps)})
         progress()
+    return pts
+
+
+def _fit_dense(pts):
     X = np.array([[1.0, p["flops"]] for p in pts])
     y = np.array([p["seconds"] for p in pts])
     c = _nnls(X, y)
-    return pts, {"op_s": c[0], "flops": 1.0 / c[1] if c[1] > 0 else 1e15,
-                 "fit_rel_err": _rel_err(X, y, c)}
+    return {"op_s": c[0], "flops": 1.0 / c[1] if c[1] > 0 else 1e15,
+            "fit_rel_err": _rel_err(X, y, c)}
 
 
 # --- collectives -------------------------------------------------------------------------------------
-def _comm_rank(ctx, sizes, reps):
+def _measure_comms(sizes, reps) -> list[dict]:
+    """Inside the group: all-to-all and all-reduce of each size (the slowest rank's time)."""
     import torch.distributed as dist
 
     out = []
+    W = dist.get_world_size()
     for nbytes in sizes:
-        n = max(nbytes // 4, ctx.world_size)
-        n -= n % ctx.world_size
+        n = max(nbytes // 4, W)
+        n -= n % W
         x = torch.randn(n)
         y = torch.empty_like(x)
         for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
                          ("all_reduce", lambda y=y: dist.all_reduce(y))):
             dist.barrier()
-            t = _median_time(lambda i, fn=fn: fn(), reps)
-            out.append({"collective": name, "bytes": n * 4, "seconds": t})
+            t = torch.tensor([_median_time(lambda i, fn=fn: fn(), reps)])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out.append({"collective": name, "bytes": n * 4, "seconds": float(t)})
     return out
 
 
-@worker_entry
-def _comm_worker(launch_d: dict, sizes, reps, threads):
-    from recscale.config import parse
-
-    cfg = parse(LaunchConfig, launch_d, "calibration.launch")
-    torch.set_num_threads(threads)
-    return run_in_group(cfg, _comm_rank, sizes, reps)
-
-
-def _measure_comms(cfg: CalibrationConfig, threads: int):
-    from recscale.config import to_dict
-
-    W = cfg.comm_ranks
-    lc = LaunchConfig(world_size=W, collective_timeout_s=cfg.timeout_s,
-                      exit_timeout_s=min(cfg.timeout_s, 60.0))
-    res = launch(_comm_worker, (to_dict(lc), list(cfg.comm_sizes), max(3 * cfg.reps, 7), threads),
-                 lc)
-    # the slower rank's time is the collective's
-    pts = []
-    for a, b in zip(res[0], res[1]):
-        pts.append({**a, "seconds": max(a["seconds"], b["seconds"])})
+def _fit_comms(pts, W):
     X, y = [], []
     for p in pts:
         share = (W - 1) / W * (2 if p["collective"] == "all_reduce" else 1)
@@ -308,20 +297,93 @@ def _measure_comms(cfg: CalibrationConfig, threads: int):
         y.append(p["seconds"])
     X, y = np.array(X), np.array(y)
     c = _nnls(X, y)
-    return pts, {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
-                 "fit_rel_err": _rel_err(X, y, c)}
+    return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12, "fit_rel_err": _rel_err(X, y, c)}
+
+
+# --- one rank's measurements -------------------------------------------------------------------------
+def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int, store: str,
+                 progress=None, sync=None) -> dict[str, list[dict]]:
+    """Every point of the calibration, in this process (one rank of the layout); ``sync``
+    before each point keeps the ranks of a host measuring at the same time."""
+    from recscale.embedding.cache import TieredEmbeddingBags
+    from recscale.embedding.tbe import FusedEmbeddingBags
+    from recscale.embedding.tier_config import TierConfig
+
+    per_module = len(cfg.dims) * len(cfg.poolings) * len(cfg.batch_sizes)
+    total = per_module * len(cfg.tiers) + len(cfg.batch_sizes) + int(cfg.comms)
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None:
+            progress.update(done[0], total)
+        if sync is not None:
+            sync()
+
+    pts = {"memory": _measure_module(
+        lambda o, T, R, d: FusedEmbeddingBags([R] * T, [d] * T, o), cfg, cfg.tables, cfg.rows,
+        tick)}
+    for tier in ("ddr", "ssd"):
+        if tier not in cfg.tiers:
+            continue
+        tcfg = TierConfig(tier=tier, scratch_dir=store, min_cache_rows=64, prefetch=False)
+
+        def make(o, T, R, d, tcfg=tcfg):
+            return TieredEmbeddingBags([R], [d], o, config=tcfg,
+                                       cache_fractions=[cfg.cache_fraction])
+
+        rows = max(cfg.cache_rows, int(2 * max(cfg.batch_sizes) * max(cfg.poolings)
+                                       / cfg.cache_fraction))
+        pts[f"{tier}_cache"] = _measure_module(make, replace(cfg, tables=1), 1, rows, tick)
+    pts["dense"] = _measure_dense(model_cfg, num_tables, cfg, tick)
+    return pts
+
+
+def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
+    import torch.distributed as dist
+
+    from recscale.config import parse
+    from recscale.progress import Progress
+
+    cfg = parse(CalibrationConfig, cfg_d, "calibration")
+    model_cfg = parse(ModelConfig, model_d, "model")
+    set_threads(None, ctx.local_world_size)
+    with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off") as bar:
+        pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
+                           bar, sync=dist.barrier)
+        if cfg.comms:
+            pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
+    return pts
+
+
+@worker_entry
+def _calibration_worker(launch_d: dict, *args):
+    from recscale.config import parse
+
+    return run_in_group(parse(LaunchConfig, launch_d, "calibration.launch"), _calibration_rank,
+                        *args)
+
+
+def _merge(per_rank: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
+    """The ranks measured the same points at the same time: each point's slowest rank."""
+    out = {}
+    for part, pts in per_rank[0].items():
+        out[part] = [{**p, "seconds": max(r[part][i]["seconds"] for r in per_rank)}
+                     for i, p in enumerate(pts)]
+    return out
 
 
 # --- the whole calibration --------------------------------------------------------------------------
 def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
               model_cfg: ModelConfig | None = None, num_tables: int = 26,
-              weight_precision: str = "fp32", progress=None) -> Calibration:
-    """Measure this machine and return ``base`` with its constants replaced by the measured
-    ones (see the module docstring). ``progress``: a ``recscale.progress.Progress`` or None.
-    Raises ``CalibrationError`` where a part cannot run (a tier's directory not writable)."""
-    from recscale.embedding.cache import TieredEmbeddingBags
-    from recscale.embedding.tbe import FusedEmbeddingBags
-    from recscale.embedding.tier_config import TierConfig
+              weight_precision: str = "fp32", progress_mode: str = "auto") -> Calibration:
+    """Measure this machine laid out as ``base`` says (``local_world_size`` ranks measuring at
+    the same time, each with its share of the cores, as training runs them) and return ``base``
+    with its constants replaced by the measured ones (see the module docstring). Raises
+    ``CalibrationError`` where a part cannot run (a tier's directory not writable, a GPU
+    topology)."""
+    from recscale.config import to_dict
+    from recscale.progress import Progress
     from recscale.sharding.types import PRECISION_BYTES
 
     cfg = cfg or CalibrationConfig()
@@ -335,54 +397,34 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     if "ssd" in cfg.tiers:
         check_writable(scratch, "SSD-backed cache tier")
     t_start = time.perf_counter()
-    threads = max(1, (os.cpu_count() or 1) // base.local_world_size)
-    previous_threads = torch.get_num_threads()
-    set_threads(threads)
-    per_module = len(cfg.dims) * len(cfg.poolings) * len(cfg.batch_sizes)
-    total = per_module * len(cfg.tiers) + len(cfg.batch_sizes) + (1 if cfg.comm_ranks else 0)
-    done = [0]
-
-    def tick():
-        done[0] += 1
-        if progress is not None:
-            progress.update(done[0], total)
-
-    orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
-    wb = float(PRECISION_BYTES[weight_precision])
-    out = Calibration(base)
+    lws = base.local_world_size
     store = tempfile.mkdtemp(prefix="recscale-calibrate-", dir=scratch if "ssd" in cfg.tiers
                              else None)
+    previous_threads = torch.get_num_threads()
     try:
-        out.points["memory"] = _measure_module(
-            lambda o, T, R, d: FusedEmbeddingBags([R] * T, [d] * T, o), cfg, cfg.tables,
-            cfg.rows, tick)
-        fast = _fit_memory(out.points["memory"], wb, orow, oelem)
-        out.fits["memory"] = fast
-        for tier in ("ddr", "ssd"):
-            if tier not in cfg.tiers:
-                continue
-            tcfg = TierConfig(tier=tier, scratch_dir=store, min_cache_rows=64, prefetch=False)
-
-            def make(o, T, R, d, tcfg=tcfg):
-                return TieredEmbeddingBags([R], [d], o, config=tcfg,
-                                           cache_fractions=[cfg.cache_fraction])
-
-            max_ids = max(cfg.batch_sizes) * max(cfg.poolings)
-            rows = max(cfg.cache_rows, int(2 * max_ids / cfg.cache_fraction))
-            out.points[f"{tier}_cache"] = _measure_module(make, replace(cfg, tables=1), 1, rows,
-                                                          tick)
-            out.fits[f"{tier}_cache"] = _fit_cached(out.points[f"{tier}_cache"], fast, wb, orow,
-                                                    oelem)
-        pts, fit = _measure_dense(model_cfg, num_tables, cfg, tick)
-        out.points["dense"], out.fits["dense"] = pts, fit
-        if cfg.comm_ranks:
-            set_threads(previous_threads)
-            pts, fit = _measure_comms(cfg, threads)
-            out.points["intra_host"], out.fits["intra_host"] = pts, fit
-            tick()
+        if lws == 1:
+            set_threads(None, 1)
+            with Progress(None, "calibrate", unit="point", mode=progress_mode) as bar:
+                pts = _measure_all(replace(cfg, comms=False), model_cfg, num_tables, store, bar)
+        else:
+            lc = LaunchConfig(world_size=lws, collective_timeout_s=cfg.timeout_s,
+                              exit_timeout_s=min(cfg.timeout_s, 60.0))
+            res = launch(_calibration_worker, (to_dict(lc), to_dict(cfg), to_dict(model_cfg),
+                                               num_tables, store, progress_mode), lc)
+            pts = _merge([res[r] for r in sorted(res)])
     finally:
         shutil.rmtree(store, ignore_errors=True)
         set_threads(previous_threads)
+    orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
+    wb = float(PRECISION_BYTES[weight_precision])
+    out = Calibration(base, points=pts)
+    fast = out.fits["memory"] = _fit_memory(pts["memory"], wb, orow, oelem)
+    for tier in ("ddr", "ssd"):
+        if f"{tier}_cache" in pts:
+            out.fits[f"{tier}_cache"] = _fit_cached(pts[f"{tier}_cache"], fast, wb, orow, oelem)
+    out.fits["dense"] = _fit_dense(pts["dense"])
+    if "intra_host" in pts:
+        out.fits["intra_host"] = _fit_comms(pts["intra_host"], lws)
     ct = base.compute_tier
     kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
                           f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],
@@ -394,11 +436,11 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
             kw.update({f"{tier}_bw": fit["bw"], f"{tier}_op_s": fit["op_s"],
                        f"{tier}_id_s": fit["id_s"]})
             if base.capacity(tier) <= 0 and tier == "ssd":  # a tier the run may spill to
-                kw["ssd_bytes"] = float(shutil.disk_usage(scratch).free / base.local_world_size)
+                kw["ssd_bytes"] = float(shutil.disk_usage(scratch).free / lws)
     if "intra_host" in out.fits:
         kw.update(intra_node_bw=out.fits["intra_host"]["bw"],
                   intra_node_lat_s=out.fits["intra_host"]["lat_s"])
-    kw["name"] = f"{base.name}-calibrated" if not base.name.endswith("-calibrated") else base.name
+    kw["name"] = base.name if base.name.endswith("-calibrated") else f"{base.name}-calibrated"
     out.topology = replace(base, **kw)
     out.seconds = time.perf_counter() - t_start
     return out

@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 from recscale.pipelines.common import as_metrics
-from recscale.progress import Progress
 from recscale.sharding import Topology, save_chart
 from recscale.train import DLRMConfig, plan_for_run
 
@@ -27,10 +26,9 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     ccfg = CalibrationConfig(dims=tuple(sorted({16, cfg.model.embedding_dim})),
                              scratch_dir=train.tiers.scratch_dir,
                              optimizer=train.embedding_optimizer.name,
-                             comm_ranks=2 if train.world_size > 1 else 0)
-    with Progress(None, "calibrate", unit="point", mode=train.progress) as bar:
-        cal = calibrate(base, ccfg, cfg.model, len(dataset_manifest["table_sizes"]),
-                        sh.options.weight_precision, progress=bar)
+                             comms=base.local_world_size > 1)
+    cal = calibrate(base, ccfg, cfg.model, len(dataset_manifest["table_sizes"]),
+                    sh.options.weight_precision, progress_mode=train.progress)
     log.info("calibrated topology in %.1f s: %s", cal.seconds, cal.topology)
     return {"topology": cal.topology.to_dict()}, as_metrics(cal.metrics())
 
