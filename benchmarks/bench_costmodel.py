@@ -16,7 +16,8 @@ out of all pairs, printed).
 
 On a CPU the DDR tier is the compute tier (the in-memory tier); ``ssd`` configs give the run a RAM
 budget so the planner spills the large tables to the SSD-backed cache. Calibration runs once per
-layout: 1 rank with both cores, and 2 ranks sharing them (measuring at the same time).
+layout (1 rank; 2 ranks measuring at the same time), with the threads per rank training uses
+(``--threads``, default 1).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def run_config(name, spec, manifest, cal_topo, args, scratch):
     # the ssd configs: RAM for this share of the tables' bytes (weights + row-wise state)
     budget = int(args.ram_share * sum(manifest["table_sizes"]) * (dim * 4 + 4) / ranks)
     train = {"batch_size_per_rank": args.batch, "max_steps": args.steps, "progress": "off",
-             "checkpoint": {"dir": None}, "log_every": 1000,
+             "num_threads": args.threads, "checkpoint": {"dir": None}, "log_every": 1000,
              "launch": {"world_size": ranks},
              "embedding_optimizer": {"name": "exact_rowwise_adagrad"},
              "tiers": {"scratch_dir": scratch, "ram_budget_bytes": budget if tier == "ssd" else None}}
@@ -114,7 +115,10 @@ def main(argv=None) -> int:
     p.add_argument("--ram-share", type=float, default=0.5,
                    help="the ssd configs' RAM per rank for embeddings: this share of the "
                    "tables' bytes over the ranks")
-    p.add_argument("--only", default="", help="run the configs whose name contains this")
+    p.add_argument("--threads", type=int, default=1, help="threads per rank, in calibration "
+                   "and training alike (default 1: 2 ranks x 1 on 2 cores)")
+    p.add_argument("--only", default="", help="run the configs whose name contains one of "
+                   "these (comma-separated)")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-costmodel-"))
     scratch = str(root / "tiers")
@@ -125,13 +129,17 @@ def main(argv=None) -> int:
           flush=True)
     # calibrate each layout a config runs: 1 rank using both cores, 2 ranks sharing them
     cals = {ws: calibrate(Topology.preset("cpu-local", world_size=ws),
-                          CalibrationConfig(scratch_dir=scratch), progress_mode="off")
+                          CalibrationConfig(scratch_dir=scratch, num_threads=args.threads),
+                          progress_mode="off")
             for ws in sorted({spec[0] for spec in CONFIGS.values()})}
-    print("calibration: " + ", ".join(f"{ws} rank(s) {c.seconds:.1f} s" for ws, c in cals.items()),
-          flush=True)
+    from recscale.calibrate import format_calibration
+
+    for ws, c in cals.items():
+        print(f"calibration, {ws} rank(s) per host, {c.seconds:.1f} s:\n{format_calibration(c)}",
+              flush=True)
     rows = []
     for name, spec in CONFIGS.items():
-        if args.only and args.only not in name:
+        if args.only and not any(o in name for o in args.only.split(",")):
             continue
         rows.append(run_config(name, spec, manifest, cals[spec[0]].topology, args, scratch))
         r = rows[-1]

@@ -12,6 +12,10 @@ the runtime performs (``recscale.train.overlap``, ``train.pipeline: true``):
 - the output exchange (pooled vectors) runs while the bottom MLP computes its forward: exposed
   only where it is longer than that.
 
+The exchange also works on the rank's own cores (bucketing ids, packing, codecs, summing partial
+rows; on a CPU gloo's copies too): ``Topology.exchange_op_s`` + bytes sent / ``exchange_bw``
+count as compute, overlapped or not.
+
 Communication is what the runtime's ``CommStats`` measures: the embedding collectives' issue and
 wait time, which includes waiting for a slower rank. So the step is the slowest rank's compute +
 its exposed communication, and every other rank's communication is that step minus its compute.
@@ -105,6 +109,7 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
     lat = topo.inter_node_lat_s if topo.num_hosts > 1 else topo.intra_node_lat_s
     f_share = (cm.fb + cm.f_extra) / max(cm.fb + cm.bb + cm.f_extra + cm.b_extra, 1e-12)
     emb = np.zeros(W)
+    xbytes = np.zeros(W)  # bytes the rank sends in the exchange (input, output, gradients)
     inp = np.zeros(W)
     out_fwd = np.zeros(W)
     out_bwd = np.zeros(W)
@@ -128,12 +133,17 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
                 emb[r] += comms_s  # the replica's gradient all-reduce: with DDP's, compute
                 continue
             i = (ids * cm.ib + vec * 4) * cm.a2a
+            remote = (W - 1) / W
+            xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * (
+                s.col_length * (cm.fb + cm.bb) + cm.f_extra + cm.b_extra))
             inp[r] += min(i, comms_s)
             rest = comms_s - min(i, comms_s)
             out_fwd[r] += rest * f_share
             out_bwd[r] += rest * (1 - f_share)
     for r in range(W):
         emb[r] += sum(topo.op_seconds(t) for t in tiers_on[r])
+    if W > 1 and xbytes.any():
+        emb += topo.exchange_op_s + (xbytes / topo.exchange_bw if topo.exchange_bw else 0.0)
     flops = topo.dense_flops or DEFAULT_DENSE_FLOPS.get(topo.device, 2e10)
     d_fwd = d_bottom = d_ar = 0.0
     if dense is not None:

@@ -20,8 +20,12 @@ repetitions after a warm-up, on the slowest rank:
   (``<tier>_bw``). On a CPU the compute tier is DDR, so the DDR-backed cache has no tier of the
   topology to go to: it is reported (``fits["ddr_cache"]``), not written.
 - pooled all-to-all and all-reduce inside a host: the host's gloo ranks, messages of several sizes,
-  fitted to latency per call + bytes each rank sends over ``intra_node_bw``. Across hosts only
-  where the run spans hosts (not measured here: ``inter_node_*`` keep the base topology's).
+  fitted to latency per call + bytes each rank sends (reported: ``fits["intra_host"]``); and the
+  runtime's own exchange (``ShardedEmbeddingCollection``, table-wise shards, forward + backward):
+  its communication as ``CommStats`` counts it (what a run reports) gives ``intra_node_lat_s`` and
+  ``intra_node_bw``, the rest of its step beyond the lookups gives ``exchange_op_s`` and
+  ``exchange_bw`` (the exchange's work on the rank's cores). Across hosts: not measured here
+  (``inter_node_*`` keep the base topology's).
 - the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step at two
   batch sizes: ``dense_flops`` and ``dense_op_s``.
 """
@@ -71,6 +75,8 @@ class CalibrationConfig(Validated):
     reps: int = 3
     comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
     comms: bool = True  # measure the collectives between the host's ranks
+    num_threads: int | None = None  # threads per rank (train.num_threads; null: the host's cores
+    # shared by its ranks)
     optimizer: str = "exact_rowwise_adagrad"
     timeout_s: float = 120.0
 
@@ -90,6 +96,9 @@ class CalibrationConfig(Validated):
         check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
               self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
         check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
+        check(self.num_threads is None or (isinstance(self.num_threads, int)
+                                           and self.num_threads > 0),
+              f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
 
 
 @dataclass
@@ -300,6 +309,74 @@ def _fit_comms(pts, W):
     return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12, "fit_rel_err": _rel_err(X, y, c)}
 
 
+def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
+    """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
+    forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
+    (what a training run reports as communication), calls and bytes sent."""
+    from recscale.comm.collectives import CommStats
+    from recscale.embedding.sharded import ShardedEmbeddingCollection
+    from recscale.embedding.tbe import EmbeddingOptimizerConfig
+    from recscale.sharding import TableSpec, plan_sharding
+
+    W, B = ctx.world_size, max(cfg.batch_sizes)
+    T = 2 * cfg.tables
+    names = tuple(f"f{i}" for i in range(T))
+    out = []
+    g = torch.Generator().manual_seed(ctx.rank)
+    for d in cfg.dims:
+        tables = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
+                            constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
+        plan = plan_sharding(tables, Topology.preset("cpu-local", world_size=W,
+                                                     local_world_size=W), B,
+                             optimizer=cfg.optimizer)
+        stats = CommStats()
+        emb = ShardedEmbeddingCollection(plan, names, EmbeddingOptimizerConfig(name=cfg.optimizer),
+                                         ctx.rank, W, group=ctx.sparse_group, stats=stats)
+        batches = [SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
+                                  torch.ones(T, B, dtype=torch.int64))
+                   for _ in range(cfg.reps + 1)]
+        marks = []
+
+        def step(i, emb=emb, batches=batches, stats=stats, marks=marks):
+            if i == 0:
+                marks.append((stats.total_seconds, sum(stats.calls.values()),
+                              sum(stats.bytes_sent.values())))
+            emb(batches[i + 1]).sum().backward()
+
+        t = _median_time(step, cfg.reps)
+        s0, c0, b0 = marks[0]
+        n = cfg.reps
+        # the ids this rank looks up: its T / W tables for the global batch
+        out.append({"dim": d, "batch": B, "seconds": t, "comm_seconds": (stats.total_seconds - s0) / n,
+                    "calls": (sum(stats.calls.values()) - c0) / n,
+                    "bytes": (sum(stats.bytes_sent.values()) - b0) / n})
+        emb.close()
+        del emb
+    return out
+
+
+def _fit_exchange(pts, fast, wb, opt_row, opt_elem, T):
+    """The exchange's communication per step (as ``CommStats`` counts it) = calls x latency +
+    bytes sent / bandwidth; the rest of its step beyond the lookups (``fast``: the in-memory
+    fit) = a fixed cost + bytes sent / ``exchange_bw``."""
+    X = np.array([[p["calls"], p["bytes"]] for p in pts])
+    y = np.array([p["comm_seconds"] for p in pts])
+    c = _nnls(X, y)
+    Xc, yc = [], []
+    for p in pts:
+        ids = bags = T * p["batch"]
+        tb, pb = _bytes(ids, bags, p["dim"], wb, opt_row, opt_elem)
+        lookup = ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
+        Xc.append([1.0, p["bytes"]])
+        yc.append(max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"], 1e-6))
+    Xc, yc = np.array(Xc), np.array(yc)
+    cc = _nnls(Xc, yc)
+    return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
+            "calls_per_step": float(np.mean([p["calls"] for p in pts])),
+            "fit_rel_err": _rel_err(X, y, c), "op_s": cc[0],
+            "cpu_bw": 1.0 / cc[1] if cc[1] > 0 else 1e12}
+
+
 # --- one rank's measurements -------------------------------------------------------------------------
 def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int, store: str,
                  progress=None, sync=None) -> dict[str, list[dict]]:
@@ -347,12 +424,13 @@ def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
 
     cfg = parse(CalibrationConfig, cfg_d, "calibration")
     model_cfg = parse(ModelConfig, model_d, "model")
-    set_threads(None, ctx.local_world_size)
+    set_threads(cfg.num_threads, ctx.local_world_size)
     with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off") as bar:
         pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
                            bar, sync=dist.barrier)
         if cfg.comms:
             pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
+            pts["exchange"] = _measure_exchange(ctx, cfg)
     return pts
 
 
@@ -403,7 +481,7 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     previous_threads = torch.get_num_threads()
     try:
         if lws == 1:
-            set_threads(None, 1)
+            set_threads(cfg.num_threads, 1)
             with Progress(None, "calibrate", unit="point", mode=progress_mode) as bar:
                 pts = _measure_all(replace(cfg, comms=False), model_cfg, num_tables, store, bar)
         else:
@@ -425,6 +503,8 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     out.fits["dense"] = _fit_dense(pts["dense"])
     if "intra_host" in pts:
         out.fits["intra_host"] = _fit_comms(pts["intra_host"], lws)
+        out.fits["exchange"] = _fit_exchange(pts["exchange"], fast, wb, orow, oelem,
+                                             2 * cfg.tables)
     ct = base.compute_tier
     kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
                           f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],
@@ -437,9 +517,10 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
                        f"{tier}_id_s": fit["id_s"]})
             if base.capacity(tier) <= 0 and tier == "ssd":  # a tier the run may spill to
                 kw["ssd_bytes"] = float(shutil.disk_usage(scratch).free / lws)
-    if "intra_host" in out.fits:
-        kw.update(intra_node_bw=out.fits["intra_host"]["bw"],
-                  intra_node_lat_s=out.fits["intra_host"]["lat_s"])
+    if "exchange" in out.fits:  # the runtime's own exchange, not the bare collectives
+        x = out.fits["exchange"]
+        kw.update(intra_node_bw=x["bw"], intra_node_lat_s=x["lat_s"], exchange_op_s=x["op_s"],
+                  exchange_bw=x["cpu_bw"])
     kw["name"] = base.name if base.name.endswith("-calibrated") else f"{base.name}-calibrated"
     out.topology = replace(base, **kw)
     out.seconds = time.perf_counter() - t_start

@@ -26,6 +26,7 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     ccfg = CalibrationConfig(dims=tuple(sorted({16, cfg.model.embedding_dim})),
                              scratch_dir=train.tiers.scratch_dir,
                              optimizer=train.embedding_optimizer.name,
+                             num_threads=train.num_threads,
                              comms=base.local_world_size > 1)
     cal = calibrate(base, ccfg, cfg.model, len(dataset_manifest["table_sizes"]),
                     sh.options.weight_precision, progress_mode=train.progress)
