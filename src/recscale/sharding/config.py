@@ -57,7 +57,8 @@ class ShardingConfig(Validated):
     def validate(self, prefix: str = "sharding") -> None:
         check(isinstance(self.topology, str) and (self.topology in PRESETS or is_topology_file(
             self.topology)), f"{prefix}.topology", self.topology,
-            f"one of {', '.join(PRESETS)} or a topology file (.yml, .yaml, .json) written by "
+            f"one of {', '.join(map(repr, PRESETS))} or a topology file (.yml, .yaml, .json) "
+            "written by "
             "`recscale calibrate`")
         check(isinstance(self.calibrate, bool), f"{prefix}.calibrate", self.calibrate,
               "true or false")

@@ -31,6 +31,9 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
     o = plan.options
     tiers = topo.tiers
     crit = plan.ranks[plan.critical_rank]
+    from .bounds import plan_lower_bound
+
+    lb = plan_lower_bound(plan)
     lines = [
         f"Sharding plan: {len(plan.tables)} tables on {topo.name} ({topo.world_size} ranks = "
         f"{topo.num_hosts} host{'s' if topo.num_hosts > 1 else ''} x {topo.local_world_size}), "
@@ -40,6 +43,10 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
         f"cache fraction {plan.cache_fraction:g}, strategy {o.strategy}",
         f"cost per iteration: max {_ms(plan.max_cost)} ms, mean {_ms(plan.mean_cost)} ms, "
         f"max/mean {plan.max_over_mean:.3f}; planned in {plan.planning_seconds:.2f} s",
+        f"lower bound on any plan's max: {_ms(lb.value)} ms (total / ranks "
+        f"{_ms(lb.total_over_ranks)} ms, largest unsplittable piece {_ms(lb.largest_piece)} ms "
+        f"in {lb.piece_table}; every shard in the compute tier); this plan's max / bound "
+        f"{plan.max_cost / lb.value if lb.value > 0 else float('nan'):.3f}",
         f"critical path: rank {crit.rank} = compute {_ms(crit.compute_cost)} ms + comms "
         f"{_ms(crit.comms_cost)} ms; largest shards there: {', '.join(plan.critical_tables)}",
     ]
