@@ -14,7 +14,8 @@ the runtime performs (``recscale.train.overlap``, ``train.pipeline: true``):
 
 The exchange also works on the rank's own cores (bucketing ids, packing, codecs, summing partial
 rows; on a CPU gloo's copies too): ``Topology.exchange_op_s`` + bytes sent / ``exchange_bw``
-count as compute, overlapped or not.
+count as compute, overlapped or not, and so does a reduced-precision codec's work
+(``Topology.codec_s`` per element encoded or decoded).
 
 Communication is what the runtime's ``CommStats`` measures: the embedding collectives' issue and
 wait time, which includes waiting for a slower rank. So the step is the slowest rank's compute +
@@ -110,6 +111,9 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
     f_share = (cm.fb + cm.f_extra) / max(cm.fb + cm.bb + cm.f_extra + cm.b_extra, 1e-12)
     emb = np.zeros(W)
     xbytes = np.zeros(W)  # bytes the rank sends in the exchange (input, output, gradients)
+    # elements a reduced-precision codec encodes + decodes on the rank (both directions)
+    coded = float(cm.fb < 4) + float(cm.bb < 4)
+    xcodec = np.zeros(W)
     inp = np.zeros(W)
     out_fwd = np.zeros(W)
     out_bwd = np.zeros(W)
@@ -136,6 +140,7 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
             remote = (W - 1) / W
             xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * (
                 s.col_length * (cm.fb + cm.bb) + cm.f_extra + cm.b_extra))
+            xcodec[r] += 2 * coded * remote * vec * s.col_length
             inp[r] += min(i, comms_s)
             rest = comms_s - min(i, comms_s)
             out_fwd[r] += rest * f_share
@@ -144,6 +149,7 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
         emb[r] += sum(topo.op_seconds(t) for t in tiers_on[r])
     if W > 1 and xbytes.any():
         emb += topo.exchange_op_s + (xbytes / topo.exchange_bw if topo.exchange_bw else 0.0)
+        emb += xcodec * topo.codec_s
     flops = topo.dense_flops or DEFAULT_DENSE_FLOPS.get(topo.device, 2e10)
     d_fwd = d_bottom = d_ar = 0.0
     if dense is not None:

@@ -313,6 +313,7 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
     """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
     forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
     (what a training run reports as communication), calls and bytes sent."""
+    from recscale.comm import CommsConfig
     from recscale.comm.collectives import CommStats
     from recscale.embedding.sharded import ShardedEmbeddingCollection
     from recscale.embedding.tbe import EmbeddingOptimizerConfig
@@ -323,15 +324,18 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
     names = tuple(f"f{i}" for i in range(T))
     out = []
     g = torch.Generator().manual_seed(ctx.rank)
-    for d in cfg.dims:
+    # every dim in fp32, and the widest again in fp16 (the codecs' cost)
+    for d, prec in [(d, "fp32") for d in cfg.dims] + [(max(cfg.dims), "fp16")]:
+        comms = CommsConfig(forward=prec, backward=prec)
         tables = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
                             constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
         plan = plan_sharding(tables, Topology.preset("cpu-local", world_size=W,
                                                      local_world_size=W), B,
-                             optimizer=cfg.optimizer)
+                             optimizer=cfg.optimizer, comms=comms)
         stats = CommStats()
         emb = ShardedEmbeddingCollection(plan, names, EmbeddingOptimizerConfig(name=cfg.optimizer),
-                                         ctx.rank, W, group=ctx.sparse_group, stats=stats)
+                                         ctx.rank, W, group=ctx.sparse_group, stats=stats,
+                                         comms=comms)
         batches = [SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
                                   torch.ones(T, B, dtype=torch.int64))
                    for _ in range(cfg.reps + 1)]
@@ -347,7 +351,8 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
         s0, c0, b0 = marks[0]
         n = cfg.reps
         # the ids this rank looks up: its T / W tables for the global batch
-        out.append({"dim": d, "batch": B, "seconds": t, "comm_seconds": (stats.total_seconds - s0) / n,
+        out.append({"dim": d, "precision": prec, "batch": B, "seconds": t,
+                    "comm_seconds": (stats.total_seconds - s0) / n,
                     "calls": (sum(stats.calls.values()) - c0) / n,
                     "bytes": (sum(stats.bytes_sent.values()) - b0) / n})
         emb.close()
@@ -362,19 +367,34 @@ def _fit_exchange(pts, fast, wb, opt_row, opt_elem, T):
     X = np.array([[p["calls"], p["bytes"]] for p in pts])
     y = np.array([p["comm_seconds"] for p in pts])
     c = _nnls(X, y)
+    fp32 = [p for p in pts if p.get("precision", "fp32") == "fp32"]
     Xc, yc = [], []
+    residual = {}
     for p in pts:
         ids = bags = T * p["batch"]
         tb, pb = _bytes(ids, bags, p["dim"], wb, opt_row, opt_elem)
         lookup = ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
-        Xc.append([1.0, p["bytes"]])
-        yc.append(max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"], 1e-6))
+        r = max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"], 1e-6)
+        residual[(p["dim"], p.get("precision", "fp32"))] = r
+        if p in fp32:
+            Xc.append([1.0, p["bytes"]])
+            yc.append(r)
     Xc, yc = np.array(Xc), np.array(yc)
     cc = _nnls(Xc, yc)
+    # fp16 at the widest dim: its extra work beyond fp32's (with half the bytes to move) is
+    # the codecs', per element encoded or decoded (pooled vectors and gradients, sent and received)
+    d = max(p["dim"] for p in pts)
+    wide = next((p for p in fp32 if p["dim"] == d), None)
+    codec_s = 0.0
+    if wide is not None and (d, "fp16") in residual:
+        half = next(p for p in pts if p["dim"] == d and p.get("precision") == "fp16")
+        extra = residual[(d, "fp16")] - (cc[0] + half["bytes"] * cc[1])
+        elements = 2 * wide["bytes"] / 4  # encoded and decoded, forward and backward
+        codec_s = max(extra, 0.0) / elements
     return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
             "calls_per_step": float(np.mean([p["calls"] for p in pts])),
             "fit_rel_err": _rel_err(X, y, c), "op_s": cc[0],
-            "cpu_bw": 1.0 / cc[1] if cc[1] > 0 else 1e12}
+            "cpu_bw": 1.0 / cc[1] if cc[1] > 0 else 1e12, "codec_s": codec_s}
 
 
 # --- one rank's measurements -------------------------------------------------------------------------
@@ -520,7 +540,7 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     if "exchange" in out.fits:  # the runtime's own exchange, not the bare collectives
         x = out.fits["exchange"]
         kw.update(intra_node_bw=x["bw"], intra_node_lat_s=x["lat_s"], exchange_op_s=x["op_s"],
-                  exchange_bw=x["cpu_bw"])
+                  exchange_bw=x["cpu_bw"], codec_s=x["codec_s"])
     kw["name"] = base.name if base.name.endswith("-calibrated") else f"{base.name}-calibrated"
     out.topology = replace(base, **kw)
     out.seconds = time.perf_counter() - t_start
