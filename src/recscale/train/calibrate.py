@@ -128,12 +128,13 @@ def _median_time(fn: Callable[[int], Any], reps: int) -> float:
     return statistics.median(ts)
 
 
-def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the *relative* error (rows weighted by 1 / y), so
-    small messages and batches count as much as large ones."""
+def _nnls(X: np.ndarray, y: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative coefficients minimising the *relative* error (rows weighted by 1 / y, or by
+    1 / ``scale``: a residual's relative error is against the whole time it came from), so small
+    messages and batches count as much as large ones."""
     from scipy.optimize import nnls
 
-    w = 1.0 / np.maximum(y, 1e-9)
+    w = 1.0 / np.maximum(y if scale is None else scale, 1e-9)
     Xw, yw = X * w[:, None], y * w
     s = np.maximum(np.abs(Xw).max(axis=0), 1e-30)  # comparable column magnitudes
     coef, _ = nnls(Xw / s, yw)
@@ -226,9 +227,9 @@ def _fit_cached(pts, fast, wb, opt_row, opt_elem):
         X.append([1.0, p["ids"] * (1 - h), tb * (1 - h)])
         y.append(max(p["seconds"] - known, 0.0))
     X, y = np.array(X), np.array(y)
-    c = _nnls(X, y)
-    bw = 1.0 / c[2] if c[2] > 0 else 1e12
     total = np.array([p["seconds"] for p in pts])
+    c = _nnls(X, y, total)
+    bw = 1.0 / c[2] if c[2] > 0 else 1e12
     return {"op_s": c[0], "id_s": c[1], "bw": bw,
             "fit_rel_err": float(np.median(np.abs(X @ c - y) / total)),
             "hit_rate": float(np.mean([p["hit_rate"] for p in pts]))}
@@ -252,7 +253,9 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
     loss_fn = torch.nn.BCEWithLogitsLoss()
     spec = dense_spec(model_cfg, num_tables)
     pts = []
-    for B in cfg.batch_sizes:
+    # three batch sizes at least (a fixed and a per-FLOP cost are fitted), 5 steps each at least
+    sizes = sorted({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2})
+    for B in sizes:
         x = torch.randn(B, NUM_DENSE)
         emb = torch.randn(B, num_tables * model_cfg.embedding_dim)
         y = torch.rand(B).round()
@@ -264,7 +267,7 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
             opt.step()
 
         pts.append({"batch": B, "flops": 3 * B * spec.flops_per_sample,
-                    "seconds": _median_time(step, cfg.reps)})
+                    "seconds": _median_time(step, max(cfg.reps, 5))})
         progress()
     return pts
 
@@ -324,8 +327,11 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
     names = tuple(f"f{i}" for i in range(T))
     out = []
     g = torch.Generator().manual_seed(ctx.rank)
-    # every dim in fp32, and the widest again in fp16 (the codecs' cost)
-    for d, prec in [(d, "fp32") for d in cfg.dims] + [(max(cfg.dims), "fp16")]:
+    # every dim and their mean in fp32 (three sizes at least), the widest again in fp16 (the
+    # codecs' cost); each point over 3 x reps steps (the steps are short)
+    dims = sorted({*cfg.dims, 4 * round(sum(cfg.dims) / len(cfg.dims) / 4)})
+    reps = max(3 * cfg.reps, 7)
+    for d, prec in [(d, "fp32") for d in dims] + [(max(dims), "fp16")]:
         comms = CommsConfig(forward=prec, backward=prec)
         tables = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
                             constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
@@ -338,7 +344,7 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
                                          comms=comms)
         batches = [SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
                                   torch.ones(T, B, dtype=torch.int64))
-                   for _ in range(cfg.reps + 1)]
+                   for _ in range(reps + 1)]
         marks = []
 
         def step(i, emb=emb, batches=batches, stats=stats, marks=marks):
@@ -347,9 +353,9 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
                               sum(stats.bytes_sent.values())))
             emb(batches[i + 1]).sum().backward()
 
-        t = _median_time(step, cfg.reps)
+        t = _median_time(step, reps)
         s0, c0, b0 = marks[0]
-        n = cfg.reps
+        n = reps
         # the ids this rank looks up: its T / W tables for the global batch
         out.append({"dim": d, "precision": prec, "batch": B, "seconds": t,
                     "comm_seconds": (stats.total_seconds - s0) / n,
@@ -374,13 +380,13 @@ def _fit_exchange(pts, fast, wb, opt_row, opt_elem, T):
         ids = bags = T * p["batch"]
         tb, pb = _bytes(ids, bags, p["dim"], wb, opt_row, opt_elem)
         lookup = ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
-        r = max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"], 1e-6)
+        r = max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"], 0.0)
         residual[(p["dim"], p.get("precision", "fp32"))] = r
         if p in fp32:
             Xc.append([1.0, p["bytes"]])
             yc.append(r)
     Xc, yc = np.array(Xc), np.array(yc)
-    cc = _nnls(Xc, yc)
+    cc = _nnls(Xc, yc, np.array([p["seconds"] for p in fp32]))
     # fp16 at the widest dim: its extra work beyond fp32's (with half the bytes to move) is
     # the codecs', per element encoded or decoded (pooled vectors and gradients, sent and received)
     d = max(p["dim"] for p in pts)
@@ -407,7 +413,8 @@ def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int
     from recscale.embedding.tier_config import TierConfig
 
     per_module = len(cfg.dims) * len(cfg.poolings) * len(cfg.batch_sizes)
-    total = per_module * len(cfg.tiers) + len(cfg.batch_sizes) + int(cfg.comms)
+    total = (per_module * len(cfg.tiers)
+             + len({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2}))
     done = [0]
 
     def tick():
