@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     cb, n = concordant(rows, "before")
     ca, _ = concordant(rows, "after")
     print(f"\nwithin 20% of measured: before {within_b}/{len(rows)}, after {within}/{len(rows)}")
+    err = {k: statistics.median(abs(r["measured"] / r[k] - 1) for r in rows)
+           for k in ("before", "after")}
+    print(f"median |measured / predicted - 1|: before {err['before']:.2f}, after {err['after']:.2f}")
     print(f"pairs ranked as measured: before {cb}/{n}, after {ca}/{n}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
