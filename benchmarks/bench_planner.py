@@ -88,6 +88,12 @@ def tier_heavy(n: int, seed: int, total_params: float = 20e12) -> list[TableSpec
             for i, (r, d, p) in enumerate(zip(rows, dims, pool))]
 
 
+def tier_heavy_12t(n: int, seed: int) -> list[TableSpec]:
+    """``tier_heavy`` at 12e12 parameters: fewer tables spill, and the planner's balance fails
+    (a host whose ranks hold host-bound splits of hot DDR tables and a full HBM)."""
+    return tier_heavy(n, seed, 12e12)
+
+
 def tier_heavy_5t(n: int, seed: int) -> list[TableSpec]:
     """``tier_heavy`` at 5e12 parameters (for 32 zionex ranks: 1.3 TB HBM + 6 TB DDR)."""
     return tier_heavy(n, seed, 5e12)
@@ -104,6 +110,8 @@ CASES = [
     ("12T params, fp16 weights", twelve_trillion, 1000, "zionex", 128,
      {"weight_precision": "fp16"}),
     ("tier-heavy 20T, hot tables spill to SSD, fp16", tier_heavy, 1000, "zionex", 128,
+     {"weight_precision": "fp16"}),
+    ("tier-heavy 12T, hot tables spill to DDR and SSD, fp16", tier_heavy_12t, 1000, "zionex", 128,
      {"weight_precision": "fp16"}),
     ("tier-heavy 5T, hot tables spill to SSD, fp16", tier_heavy_5t, 200, "zionex", 32,
      {"weight_precision": "fp16"}),
