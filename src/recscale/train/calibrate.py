@@ -32,6 +32,7 @@ repetitions after a warm-up, on the slowest rank:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import statistics
@@ -253,9 +254,12 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
     names = tuple(f"f{i}" for i in range(T))
     out = []
     g = torch.Generator().manual_seed(ctx.rank)
-    # every dim and their mean in fp32 (three sizes at least), the widest again in fp16 (the
+    # every dim and their mean in fp32 (16 and 128 too when fewer than three), the widest again
+    # in fp16 (the
     # codecs' cost); each point over 3 x reps steps (the steps are short)
     dims = sorted({*cfg.dims, 4 * round(sum(cfg.dims) / len(cfg.dims) / 4)})
+    if len(dims) < 3:  # a fixed and a per-byte cost need sizes apart
+        dims = sorted({*dims, 16, 128})
     reps = max(3 * cfg.reps, 7)
     for d, prec in [(d, "fp32") for d in dims] + [(max(dims), "fp16")]:
         comms = CommsConfig(forward=prec, backward=prec)
@@ -340,8 +344,14 @@ def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
 
     cfg = parse(CalibrationConfig, cfg_d, "calibration")
     model_cfg = parse(ModelConfig, model_d, "model")
+    if ctx.rank == 0 and mode in ("log", "auto"):
+        # a forked worker's logging is not the caller's: rank 0's progress lines go to stderr
+        if not logging.getLogger().handlers:
+            logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("recscale.progress").setLevel(logging.INFO)
     set_threads(cfg.num_threads, ctx.local_world_size)
-    with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off") as bar:
+    with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off",
+                  log_every_s=3.0) as bar:
         pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
                            bar, sync=dist.barrier)
         if cfg.comms:
@@ -398,7 +408,8 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     try:
         if lws == 1:
             set_threads(cfg.num_threads, 1)
-            with Progress(None, "calibrate", unit="point", mode=progress_mode) as bar:
+            with Progress(None, "calibrate", unit="point", mode=progress_mode,
+                          log_every_s=3.0) as bar:
                 pts = _measure_all(replace(cfg, comms=False), model_cfg, num_tables, store, bar)
         else:
             lc = LaunchConfig(world_size=lws, collective_timeout_s=cfg.timeout_s,
