@@ -3,7 +3,10 @@
     .venv/bin/python benchmarks/bench_planner.py [--quick]
 
 For each table mix it prints planning seconds, the slowest rank's estimated cost (ms/iteration) and
-max/mean rank cost for the three strategies, and the ratio of the baselines' slowest rank to ours.
+max/mean rank cost for the three strategies, the ratio of the baselines' slowest rank to ours, and
+a lower bound on any plan's slowest rank (``recscale.sharding.bounds``: total / ranks, the largest
+unsplittable piece) with ours against it. max/mean <= 1.05 is possible only where the bound /
+mean is below 1.05.
 All three use the same cost model, memory tiers and capacities (``plan_sharding(strategy=...)``);
 the baselines place whole tables (row-wise only for tables too large for one rank), by LPT
 ("greedy") or in table order ("round_robin"), with no search. Mixes are seeded, so every run plans
@@ -23,6 +26,7 @@ import time
 import numpy as np
 
 from recscale.sharding import PlannerError, TableSpec, Topology, plan_sharding
+from recscale.sharding.bounds import plan_lower_bound
 
 CRITEO_KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
                  27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
@@ -68,6 +72,33 @@ def twelve_trillion(n: int, seed: int) -> list[TableSpec]:
             for i, (r, d, p) in enumerate(zip(rows, dims, pool))]
 
 
+def tier_heavy(n: int, seed: int, total_params: float = 20e12) -> list[TableSpec]:
+    """Tier-heavy: the hottest tables are the largest. 5% of the tables hold 90% of the
+    ``total_params`` with pooling factors 20-100; the rest are small and cool (pooling 1-10).
+    At 20e12 parameters in fp16 on 128 zionex ranks (5.1 TB HBM + 24 TB DDR) the large hot
+    tables do not all fit above SSD."""
+    rng = np.random.default_rng(seed)
+    big = max(1, n // 20)
+    dims = rng.choice([64, 128, 256], n)
+    weight = np.concatenate([rng.lognormal(0.0, 0.5, big) * 0.9 / big * (n - big),
+                             rng.lognormal(0.0, 1.0, n - big) * 0.1])
+    rows = np.maximum(1000, (weight / (weight * dims).sum() * total_params).astype(np.int64))
+    pool = np.concatenate([rng.uniform(20, 100, big), rng.uniform(1, 10, n - big)])
+    return [TableSpec(f"h{i:04d}", int(r), int(d), float(p))
+            for i, (r, d, p) in enumerate(zip(rows, dims, pool))]
+
+
+def tier_heavy_12t(n: int, seed: int) -> list[TableSpec]:
+    """``tier_heavy`` at 12e12 parameters: fewer tables spill, and the planner's balance fails
+    (a host whose ranks hold host-bound splits of hot DDR tables and a full HBM)."""
+    return tier_heavy(n, seed, 12e12)
+
+
+def tier_heavy_5t(n: int, seed: int) -> list[TableSpec]:
+    """``tier_heavy`` at 5e12 parameters (for 32 zionex ranks: 1.3 TB HBM + 6 TB DDR)."""
+    return tier_heavy(n, seed, 5e12)
+
+
 # name, generator, n tables, topology preset, world size, planner options
 CASES = [
     ("uniform", uniform, 100, "zionex", 8, {}),
@@ -77,6 +108,12 @@ CASES = [
     ("Criteo Kaggle (26 x dim 128)", criteo, 26, "dgx-h100", 8, {}),
     ("power-law", power_law, 1000, "zionex", 64, {}),
     ("12T params, fp16 weights", twelve_trillion, 1000, "zionex", 128,
+     {"weight_precision": "fp16"}),
+    ("tier-heavy 20T, hot tables spill to SSD, fp16", tier_heavy, 1000, "zionex", 128,
+     {"weight_precision": "fp16"}),
+    ("tier-heavy 12T, hot tables spill to DDR and SSD, fp16", tier_heavy_12t, 1000, "zionex", 128,
+     {"weight_precision": "fp16"}),
+    ("tier-heavy 5T, hot tables spill to SSD, fp16", tier_heavy_5t, 200, "zionex", 32,
      {"weight_precision": "fp16"}),
 ]
 STRATEGIES = ("balanced", "round_robin", "greedy")
@@ -93,6 +130,8 @@ def run_case(name, gen, n, preset, ws, kw, seed=0):
             plan = plan_sharding(tables, topo, BATCH, strategy=strategy, **kw)
             secs = time.perf_counter() - t0
             out[strategy] = (secs, plan.max_cost, plan.max_over_mean, plan)
+            if strategy == "balanced":
+                out["bound"] = plan_lower_bound(plan)
         except PlannerError as exc:
             out[strategy] = (time.perf_counter() - t0, None, None, str(exc))
     return out
@@ -118,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
           "ratio = baseline slowest rank / ours\n")
     head = ("| mix | tables x ranks | topology | params | ours: s | ours: max ms | ours: max/mean | "
             "round-robin TW: s | max ms | max/mean | greedy TW: s | max ms | max/mean | "
-            "ratio RR / ours | ratio greedy / ours |")
+            "ratio RR / ours | ratio greedy / ours | lower bound ms | bound / mean | "
+            "ours: max / bound |")
     print(head)
-    print("|" + "|".join(["---"] * 15) + "|")
+    print("|" + "|".join(["---"] * 18) + "|")
     for r in rows:
         cells = [r["mix"], f"{r['tables']} x {r['ranks']}", r["topology"], fmt_params(r["params"])]
         ours = r["balanced"][1]
@@ -133,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         for strategy in ("round_robin", "greedy"):
             mx = r[strategy][1]
             cells.append("-" if mx is None or ours is None else f"{mx / ours:.2f}x")
+        lb = r.get("bound")
+        if lb is None or ours is None:
+            cells += ["-", "-", "-"]
+        else:
+            mean = r["balanced"][3].mean_cost
+            cells += [f"{lb.value * 1e3:.3f}", f"{lb.value / mean:.3f}", f"{ours / lb.value:.3f}"]
         print("| " + " | ".join(cells) + " |")
     failures = [(r["mix"], s, r[s][3]) for r in rows for s in STRATEGIES if r[s][1] is None]
     for mix, s, msg in failures:
@@ -142,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         plan = r["balanced"][3]
         if not isinstance(plan, str):
             d = plan.to_dict()["summary"]
-            print(f"\n{r['mix']}: {fmt_params(r['params'])} params; our plan: sharding types "
+            lb = r["bound"]
+            print(f"\n{r['mix']}: lower bound {lb.value * 1e3:.3f} ms (total / ranks "
+                  f"{lb.total_over_ranks * 1e3:.3f}, largest unsplittable piece "
+                  f"{lb.largest_piece * 1e3:.3f} in {lb.piece_table}); max/mean "
+                  f"{plan.max_over_mean:.3f}, max / bound {plan.max_cost / lb.value:.3f}, planned "
+                  f"in {r['balanced'][0]:.2f} s")
+            print(f"{r['mix']}: {fmt_params(r['params'])} params; our plan: sharding types "
                   f"{d['sharding_types']}, shards per tier {d['tiers']}, cache fraction "
                   f"{plan.cache_fraction}, weights {plan.options.weight_precision}")
     return 0

@@ -14,7 +14,7 @@ def main(manifest_path: str, plan_path: str, params_path: str, out_path: str) ->
     manifest = json.loads(open(manifest_path).read())
     plan = json.loads(open(plan_path).read())
     cfg = parse(DLRMConfig, json.loads(open(params_path).read()), "")
-    state, history, metrics, resolved, figures = train_model(manifest, plan, cfg)
+    state, history, metrics, resolved, figures, _report = train_model(manifest, plan, cfg)
     checksum = float(sum(v.double().sum() for v in state.values() if v.is_floating_point()))
     with open(out_path, "w") as fh:
         json.dump({"samples": metrics["samples"]["value"], "checksum": checksum,

@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m recscale.sharding",
                                  description="Plan how embedding tables are sharded over ranks.")
     ap.add_argument("--tables", required=True, help="YAML list of tables (TableSpec fields)")
-    ap.add_argument("--topology", default="cpu-local", choices=sorted(PRESETS))
+    ap.add_argument("--topology", default="cpu-local",
+                    help=f"a preset ({', '.join(sorted(PRESETS))}) or a topology file written by "
+                    "`recscale calibrate`")
     ap.add_argument("--world-size", type=int, default=None, help="default: one host")
     ap.add_argument("--local-world-size", type=int, default=None, help="ranks per host")
     ap.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
@@ -65,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         tables = load_tables(args.tables)
-        topo = Topology.preset(args.topology, args.world_size, args.local_world_size)
+        if args.topology in PRESETS:
+            topo = Topology.preset(args.topology, args.world_size, args.local_world_size)
+        else:  # a calibrated file: its own ranks unless told otherwise
+            topo = Topology.load(args.topology)
+            topo = topo.for_world(args.world_size or topo.world_size, args.local_world_size)
         comms = CommsConfig.coerce(args.comms).to_dict()
         for key, value in (("forward", args.comms_forward), ("backward", args.comms_backward),
                            ("dense_allreduce", args.comms_dense_allreduce)):

@@ -2,7 +2,9 @@
 
 ```yaml
 sharding:
-  topology: cpu-local      # a preset of recscale.sharding.Topology (PRESETS)
+  topology: cpu-local      # a preset of recscale.sharding.Topology (PRESETS), or a topology
+                           # file (.yml/.yaml/.json) that `recscale calibrate` wrote
+  calibrate: false         # measure this machine first (the sharding pipeline's calibrate node)
   world_size: null         # null = the training run's world size
   local_world_size: null   # null = the preset's ranks per host (capped at world_size)
   options:                 # fields of PlannerOptions
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any
 
-from recscale.config import Validated, check, check_choice
+from recscale.config import Validated, check
 
 from .topology import PRESETS, Topology
 from .types import PlannerOptions
@@ -46,13 +48,20 @@ class ShardingConfig(Validated):
     """
 
     topology: str = "cpu-local"
+    calibrate: bool = False
     world_size: int | None = None
     local_world_size: int | None = None
     # a PlannerOptions after construction; typed Any so that parse hands a mapping over as is
     options: Any = field(default_factory=PlannerOptions)
 
     def validate(self, prefix: str = "sharding") -> None:
-        check_choice(f"{prefix}.topology", self.topology, tuple(PRESETS))
+        check(isinstance(self.topology, str) and (self.topology in PRESETS or is_topology_file(
+            self.topology)), f"{prefix}.topology", self.topology,
+            f"one of {', '.join(map(repr, PRESETS))} or a topology file (.yml, .yaml, .json) "
+            "written by "
+            "`recscale calibrate`")
+        check(isinstance(self.calibrate, bool), f"{prefix}.calibrate", self.calibrate,
+              "true or false")
         _none_or_positive_int(f"{prefix}.world_size", self.world_size)
         _none_or_positive_int(f"{prefix}.local_world_size", self.local_world_size)
         if isinstance(self.options, Mapping):  # parameters: the run sets these two, once
@@ -63,7 +72,17 @@ class ShardingConfig(Validated):
         object.__setattr__(self, "options",
                            PlannerOptions.coerce(self.options, key=f"{prefix}.options"))
 
-    def topology_for(self, run_world_size: int) -> Topology:
-        """The topology preset for ``world_size`` ranks, or ``run_world_size`` when that is null."""
-        return Topology.preset(self.topology, world_size=self.world_size or run_world_size,
-                               local_world_size=self.local_world_size)
+    def topology_for(self, run_world_size: int, measured: Topology | None = None) -> Topology:
+        """The topology (``measured``, else the preset or the file ``topology`` names) for
+        ``world_size`` ranks, or ``run_world_size`` when that is null."""
+        ws = self.world_size or run_world_size
+        if measured is None and self.topology in PRESETS:
+            return Topology.preset(self.topology, world_size=ws,
+                                   local_world_size=self.local_world_size)
+        base = measured if measured is not None else Topology.load(self.topology)
+        return base.for_world(ws, self.local_world_size)
+
+
+def is_topology_file(name: str) -> bool:
+    """Whether ``sharding.topology`` names a file rather than a preset."""
+    return isinstance(name, str) and name.lower().endswith((".yml", ".yaml", ".json"))

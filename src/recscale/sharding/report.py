@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .plan import ShardingPlan
+    from .step_time import StepPrediction
 
 
 def _ms(seconds: float) -> str:
@@ -30,6 +31,9 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
     o = plan.options
     tiers = topo.tiers
     crit = plan.ranks[plan.critical_rank]
+    from .bounds import plan_lower_bound
+
+    lb = plan_lower_bound(plan)
     lines = [
         f"Sharding plan: {len(plan.tables)} tables on {topo.name} ({topo.world_size} ranks = "
         f"{topo.num_hosts} host{'s' if topo.num_hosts > 1 else ''} x {topo.local_world_size}), "
@@ -39,6 +43,10 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
         f"cache fraction {plan.cache_fraction:g}, strategy {o.strategy}",
         f"cost per iteration: max {_ms(plan.max_cost)} ms, mean {_ms(plan.mean_cost)} ms, "
         f"max/mean {plan.max_over_mean:.3f}; planned in {plan.planning_seconds:.2f} s",
+        f"lower bound on any plan's max: {_ms(lb.value)} ms (total / ranks "
+        f"{_ms(lb.total_over_ranks)} ms, largest unsplittable piece {_ms(lb.largest_piece)} ms "
+        f"in {lb.piece_table}; tiers spread as a linear programme would); this plan's max / bound "
+        f"{plan.max_cost / lb.value if lb.value > 0 else float('nan'):.3f}",
         f"critical path: rank {crit.rank} = compute {_ms(crit.compute_cost)} ms + comms "
         f"{_ms(crit.comms_cost)} ms; largest shards there: {', '.join(plan.critical_tables)}",
     ]
@@ -83,6 +91,33 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
         for t in tiers:
             row += f"  {_gb(r.memory(t)) + ' / ' + _gb(topo.capacity(t)):>18}"
         lines.append(row)
+    return "\n".join(lines)
+
+
+def format_step_report(pred: StepPrediction, measured: dict[str, float] | None = None,
+                       max_rows: int = 20) -> str:
+    """Predicted per-rank step time (compute, exposed communication) beside what a run measured
+    (``rank{r}.step_ms`` / ``compute_ms`` / ``comm_ms`` from its metrics), with measured /
+    predicted."""
+    m = measured or {}
+    W = len(pred.compute)
+    lines = [f"step time per rank, predicted{' vs measured' if m else ''} "
+             f"(ms; predicted step {_ms(pred.step)} ms)"]
+    head = f"{'rank':>4}  {'compute pred':>12}  {'comm pred':>9}  {'step pred':>9}"
+    if m:
+        head += f"  {'compute meas':>12}  {'comm meas':>9}  {'step meas':>9}  {'meas/pred':>9}"
+    lines.append(head)
+    for r in range(min(W, max_rows)):
+        row = (f"{r:>4}  {_ms(pred.compute[r]):>12}  {_ms(pred.comm[r]):>9}  "
+               f"{_ms(pred.step):>9}")
+        if m:
+            got = m.get(f"rank{r}.step_ms", float("nan"))
+            row += (f"  {m.get(f'rank{r}.compute_ms', float('nan')):>12.3f}  "
+                    f"{m.get(f'rank{r}.comm_ms', float('nan')):>9.3f}  {got:>9.3f}  "
+                    f"{got / (pred.step * 1e3) if pred.step else float('nan'):>9.3f}")
+        lines.append(row)
+    if W > max_rows:
+        lines.append(f"... {W - max_rows} more ranks")
     return "\n".join(lines)
 
 

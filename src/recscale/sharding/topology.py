@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any
 
 from recscale.config import ConfigError, check, check_choice
@@ -68,6 +69,25 @@ class Topology:
     inter_node_bw: float
     name: str = "custom"
     device: str = "cuda"
+    # Measured by calibration (``recscale calibrate``; 0 = not measured, as in the presets). The
+    # planner's per-shard costs use the bandwidths above; these fixed and per-item costs enter
+    # the step-time prediction (``recscale.sharding.step_time``):
+    hbm_op_s: float = 0.0  # seconds per step of a rank's lookup + fused update on the tier
+    ddr_op_s: float = 0.0
+    ssd_op_s: float = 0.0
+    hbm_id_s: float = 0.0  # seconds per id looked up (and updated) on the tier
+    ddr_id_s: float = 0.0
+    ssd_id_s: float = 0.0
+    bag_s: float = 0.0  # seconds per pooled vector (forward + its gradient), compute tier
+    intra_node_lat_s: float = 0.0  # seconds per collective call inside a host
+    inter_node_lat_s: float = 0.0  # ... across hosts
+    dense_flops: float = 0.0  # FLOP/s of the dense MLPs' forward + backward
+    dense_op_s: float = 0.0  # seconds per step of the dense arch's fixed work (loss, optimizer)
+    # the sharded exchange's work on the rank's own cores (bucketing, packing, codecs, summing;
+    # on a CPU also gloo's copies): seconds per step, and the bytes a rank sends per second
+    exchange_op_s: float = 0.0
+    exchange_bw: float = 0.0
+    codec_s: float = 0.0  # seconds per element a reduced-precision codec encodes or decodes
 
     def __post_init__(self) -> None:
         for key in ("world_size", "local_world_size"):
@@ -78,6 +98,7 @@ class Topology:
               f"a multiple of local_world_size={self.local_world_size} "
               f"(e.g. {self.local_world_size * max(1, self.world_size // self.local_world_size)})")
         for key in ("hbm_bytes", "ddr_bytes", "ssd_bytes", "hbm_bw", "ddr_bw", "ssd_bw",
+                    *CALIBRATED,
                     "intra_node_bw", "inter_node_bw"):
             v = getattr(self, key)
             check(not isinstance(v, bool) and isinstance(v, Real) and v >= 0 and v != float("inf"),
@@ -162,8 +183,62 @@ class Topology:
             device=node["device"],
         )
 
+    def op_seconds(self, tier: str) -> float:
+        return float(getattr(self, f"{tier}_op_s"))
+
+    def id_seconds(self, tier: str) -> float:
+        return float(getattr(self, f"{tier}_id_s"))
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether calibration measured this topology (any measured-only field set)."""
+        return any(getattr(self, k) for k in CALIBRATED)
+
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; the measured-only ones (``CALIBRATED``) only when set, so a preset's
+        dict (and a plan's) is what it was before they existed."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in CALIBRATED or getattr(self, f.name)}
+
+    def for_world(self, world_size: int, local_world_size: int | None = None) -> Topology:
+        """This machine's measured figures for ``world_size`` ranks, ``local_world_size`` per
+        host (default: this topology's, capped at ``world_size``); host memory is shared by the
+        host's ranks, so per-rank DDR and SSD scale with the ranks per host."""
+        from dataclasses import replace
+
+        _positive_int("world_size", world_size)
+        lws = self.local_world_size if local_world_size is None else local_world_size
+        _positive_int("local_world_size", lws)
+        lws = min(int(lws), int(world_size))
+        share = self.local_world_size / lws
+        return replace(self, world_size=int(world_size), local_world_size=lws,
+                       ddr_bytes=self.ddr_bytes * share, ssd_bytes=self.ssd_bytes * share)
+
+    def save(self, path: str | Path) -> Path:
+        """Write this topology as YAML (the file ``sharding.topology`` accepts)."""
+        import yaml
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({"topology": self.to_dict()}, sort_keys=False))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Topology:
+        """A topology file written by ``save`` (``recscale calibrate``): YAML or JSON, the
+        fields under a top-level ``topology`` key."""
+        import yaml
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"topology file {str(path)!r} does not exist: expected a file "
+                              "written by `recscale calibrate` or a preset name "
+                              f"({', '.join(PRESETS)})")
+        d = yaml.safe_load(path.read_text())
+        if not isinstance(d, Mapping) or not isinstance(d.get("topology"), Mapping):
+            raise ConfigError(f"topology file {str(path)!r} is not allowed: expected a mapping "
+                              "with the topology's fields under the key 'topology'")
+        return cls.from_dict(d["topology"])
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Topology:
@@ -177,6 +252,11 @@ class Topology:
         d.setdefault("local_world_size", d.get("world_size"))
         return cls(**d)
 
+
+# Fields only calibration sets (see the class); 0 = not measured.
+CALIBRATED = ("hbm_op_s", "ddr_op_s", "ssd_op_s", "hbm_id_s", "ddr_id_s", "ssd_id_s", "bag_s",
+              "intra_node_lat_s", "inter_node_lat_s", "dense_flops", "dense_op_s",
+              "exchange_op_s", "exchange_bw", "codec_s")
 
 # SSD random-row read bandwidth assumed where a topology has no SSD tier of its own (a memory-mapped
 # file on a local NVMe drive; an assumption like the presets' SSD figures, not a measurement).

@@ -23,7 +23,7 @@ from recscale.distributed import in_torchrun, launch, resolve_device, set_thread
 from recscale.distributed.job import make_spec, serve_and_launch
 from recscale.embedding.placement import placements_from_plan
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm, copy_tables
-from recscale.sharding import ShardingConfig, ShardingPlan, plan_sharding
+from recscale.sharding import ShardingConfig, ShardingPlan, Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.config import DLRMConfig, TrainConfig
@@ -51,12 +51,13 @@ def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
                       placements=placements, tiers=train_cfg.tiers)
 
 
-def plan_for_run(manifest: dict, cfg: DLRMConfig) -> ShardingPlan:
-    """The sharding plan of a run: the tables of ``manifest`` on ``sharding.topology`` for
-    ``sharding.world_size`` (null: ``train.launch.world_size``) ranks at the run's per-rank batch,
-    with the run's embedding optimizer and wire precisions, within ``train.tiers``' RAM budget."""
+def plan_for_run(manifest: dict, cfg: DLRMConfig, measured: Topology | None = None) -> ShardingPlan:
+    """The sharding plan of a run: the tables of ``manifest`` on ``sharding.topology`` (or the
+    ``measured`` one calibration made) for ``sharding.world_size`` (null:
+    ``train.launch.world_size``) ranks at the run's per-rank batch, with the run's embedding
+    optimizer and wire precisions, within ``train.tiers``' RAM budget."""
     sh, train = cfg.sharding, cfg.train
-    topo = train.tiers.budgeted(sh.topology_for(train.world_size))
+    topo = train.tiers.budgeted(sh.topology_for(train.world_size, measured))
     opts = {**sh.options.to_dict(), "optimizer": train.embedding_optimizer.name,
             "comms": cfg.comms}
     tables = table_specs_from_manifest(manifest, cfg.model.embedding_dim)

@@ -181,3 +181,17 @@ def bytes_against_plan(extra: dict[str, float], plan: ShardingPlan) -> dict[str,
         out[f"bytes_per_step.embedding.{side}.measured_over_estimate"] = (
             got / est[side] if est[side] else float("nan"))
     return out
+
+
+def step_time_against_plan(extra: dict[str, float], plan: ShardingPlan, model_cfg: ModelConfig,
+                           pipelined: bool, num_tables: int) -> tuple[dict[str, float], str]:
+    """The cost model's per-rank step time for this run (``recscale.sharding.step_time``, the
+    dense arch of ``model_cfg`` included) beside the measured one, with measured / predicted; and
+    the plan's report followed by the table of both."""
+    from recscale.sharding.report import format_step_report
+    from recscale.sharding.step_time import predict_step
+    from recscale.sharding.step_time import step_time_against_plan as against
+    from recscale.train.calibrate import dense_spec
+
+    pred = predict_step(plan, dense_spec(model_cfg, num_tables), pipelined)
+    return against(extra, pred), plan.report() + "\n\n" + format_step_report(pred, extra)

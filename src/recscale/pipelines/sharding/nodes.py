@@ -1,4 +1,5 @@
-"""Thin sharding node: plan the run's tables, then its report, chart and metrics."""
+"""Thin sharding nodes: measure this machine when ``sharding.calibrate`` asks for it, plan the
+run's tables, then its report, chart and metrics."""
 
 from __future__ import annotations
 
@@ -7,14 +8,37 @@ import tempfile
 from pathlib import Path
 
 from recscale.pipelines.common import as_metrics
-from recscale.sharding import save_chart
+from recscale.sharding import Topology, save_chart
 from recscale.train import DLRMConfig, plan_for_run
 
 log = logging.getLogger(__name__)
 
 
-def plan_tables(dataset_manifest: dict, cfg: DLRMConfig):
-    plan = plan_for_run(dataset_manifest, cfg)
+def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
+    """``sharding.calibrate: true``: the measured topology (its dict; logged as an MLflow
+    artifact) and the fitted constants as metrics; else ``{}`` and no metrics."""
+    if not cfg.sharding.calibrate:
+        return {}, {}
+    from recscale.train.calibrate import CalibrationConfig, calibrate
+
+    sh, train = cfg.sharding, cfg.train
+    base = sh.topology_for(train.world_size)
+    ccfg = CalibrationConfig(dims=tuple(sorted({16, cfg.model.embedding_dim})),
+                             scratch_dir=train.tiers.scratch_dir,
+                             optimizer=train.embedding_optimizer.name,
+                             num_threads=train.num_threads,
+                             comms=base.local_world_size > 1)
+    cal = calibrate(base, ccfg, cfg.model, len(dataset_manifest["table_sizes"]),
+                    sh.options.weight_precision, progress_mode=train.progress)
+    log.info("calibrated topology in %.1f s: %s", cal.seconds, cal.topology)
+    return {"topology": cal.topology.to_dict()}, as_metrics(cal.metrics())
+
+
+def plan_tables(dataset_manifest: dict, cfg: DLRMConfig, calibrated_topology: dict | None = None):
+    measured = None
+    if calibrated_topology:
+        measured = Topology.from_dict(calibrated_topology["topology"])
+    plan = plan_for_run(dataset_manifest, cfg, measured)
     log.info("sharding plan\n%s", plan.report())
     with tempfile.TemporaryDirectory() as tmp:
         chart = Path(tmp) / "plan.png"

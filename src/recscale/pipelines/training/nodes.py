@@ -6,7 +6,7 @@ from recscale.evaluate import plots
 from recscale.pipelines.common import as_metrics
 from recscale.sharding import ShardingPlan
 from recscale.train import DLRMConfig, resolved_config, train_dlrm
-from recscale.train.sharded import bytes_against_plan
+from recscale.train.sharded import bytes_against_plan, step_time_against_plan
 
 
 def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
@@ -21,12 +21,18 @@ def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
         "step_seconds": r.step_seconds, "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
     })
     metrics.update(transition_metrics(r.transitions or []))
+    plan = ShardingPlan.from_dict(sharding_plan)
     if cfg.train.world_size > 1:
-        metrics.update(as_metrics(bytes_against_plan(r.extra, ShardingPlan.from_dict(sharding_plan))))
+        metrics.update(as_metrics(bytes_against_plan(r.extra, plan)))
+    # predicted vs measured step time per rank (compute, communication), and the plan's report
+    # with both
+    step_time, report = step_time_against_plan(r.extra, plan, cfg.model, cfg.train.pipeline,
+                                               len(dataset_manifest["table_sizes"]))
+    metrics.update(as_metrics(step_time))
     figures = {"loss.png": plots.loss_figure(r.history),
                "throughput.png": plots.throughput_figure(r.history)}
     return (out.model.state_dict(), r.history, metrics,
-            resolved_config(cfg, out, dataset_manifest), figures)
+            resolved_config(cfg, out, dataset_manifest), figures, report)
 
 
 def transition_metrics(transitions: list[dict]) -> dict:

@@ -10,7 +10,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             dlrm_config_node(),
             Node(train_model, ["dataset_manifest", "sharding_plan", "dlrm_config"],
                  ["model_state", "training_history", "training_metrics", "resolved_config",
-                  "training_plots"],
+                  "training_plots", "step_time_report"],
                  name="train"),
         ]
     )

@@ -1,0 +1,174 @@
+"""Predicted vs measured step time, before and after calibration, for (config, plan) pairs run
+through recscale's training entry (``train_dlrm``: the loader, the one loop, the pipelined
+policy) on this machine.
+
+    nice -n 5 python benchmarks/bench_costmodel.py                 # 9 pairs, ~3 min on 2 cores
+    nice -n 5 python benchmarks/bench_costmodel.py --steps 10 --reps 2 --only 2r
+
+One calibration (``recscale.train.calibrate``, what ``recscale calibrate`` runs) measures this
+machine; every config is planned once on the calibrated topology and trained ``--reps`` times.
+"before" costs the same plan on the preset (``cpu-local``, as ``plan_for_run`` budgets it),
+"after" on the calibrated topology; both through ``recscale.sharding.step_time.predict_step``
+(dense part and overlap included). Measured: the slowest rank's mean step time of a run (loader
+waits excluded), median over the reps. Goal: after calibration every prediction within 20% of the
+measured median, and the configs ranked in the same order as measured (pairs in the same order,
+out of all pairs, printed).
+
+On a CPU the DDR tier is the compute tier (the in-memory tier); ``ssd`` configs give the run a RAM
+budget so the planner spills the large tables to the SSD-backed cache. Calibration runs once per
+layout (1 rank; 2 ranks measuring at the same time), with the threads per rank training uses
+(``--threads``, default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from recscale.config import parse
+from recscale.sharding import Topology
+from recscale.sharding.step_time import predict_step
+from recscale.train import DLRMConfig, plan_for_run, train_dlrm
+from recscale.train.calibrate import CalibrationConfig, calibrate, dense_spec
+
+# name: (ranks, dim, tier, comms precision)
+CONFIGS = {
+    "1r-d16-mem": (1, 16, "memory", "fp32"),
+    "1r-d128-mem": (1, 128, "memory", "fp32"),
+    "1r-d16-ssd": (1, 16, "ssd", "fp32"),
+    "1r-d128-ssd": (1, 128, "ssd", "fp32"),
+    "2r-d16-mem-fp32": (2, 16, "memory", "fp32"),
+    "2r-d128-mem-fp32": (2, 128, "memory", "fp32"),
+    "2r-d128-mem-fp16": (2, 128, "memory", "fp16"),
+    "2r-d16-ssd-fp16": (2, 16, "ssd", "fp16"),
+    "2r-d128-ssd-fp32": (2, 128, "ssd", "fp32"),
+}
+
+
+def make_data(root: Path, rows: int) -> dict:
+    from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
+    from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
+
+    scfg = SyntheticConfig(num_rows=rows, seed=0, cardinality_scale=0.01,
+                           keep_cardinality_below=1000)
+    rep = generate_criteo_tsv(scfg, root / "day_00.tsv")
+    out = root / "parquet"
+    preprocess_criteo([rep.path], out, PreprocessConfig(row_group_size=8192, workers=1,
+                                                        max_table_size=200_000), rep.cardinalities)
+    return load_manifest(out)
+
+
+def run_config(name, spec, manifest, cal_topo, args, scratch):
+    ranks, dim, tier, prec = spec
+    # the ssd configs: RAM for this share of the tables' bytes (weights + row-wise state)
+    budget = int(args.ram_share * sum(manifest["table_sizes"]) * (dim * 4 + 4) / ranks)
+    train = {"batch_size_per_rank": args.batch, "max_steps": args.steps, "progress": "off",
+             "num_threads": args.threads, "checkpoint": {"dir": None}, "log_every": 1000,
+             "launch": {"world_size": ranks},
+             "embedding_optimizer": {"name": "exact_rowwise_adagrad"},
+             "tiers": {"scratch_dir": scratch, "ram_budget_bytes": budget if tier == "ssd" else None}}
+    cfg = parse(DLRMConfig, {"model": {"embedding_dim": dim, "bottom_mlp": [128, 64, dim],
+                                       "top_mlp": [128, 64, 1]},
+                             "comms": {"forward": prec, "backward": prec},
+                             "sharding": {"topology": "cpu-local"}, "train": train}, "")
+    plan = plan_for_run(manifest, cfg, measured=cal_topo)
+    dense = dense_spec(cfg.model, len(manifest["table_sizes"]))
+    preset = cfg.train.tiers.budgeted(cfg.sharding.topology_for(ranks))
+    before = predict_step(plan, dense, cfg.train.pipeline, topology=preset)
+    after = predict_step(plan, dense, cfg.train.pipeline)
+    steps, comps, comms = [], [], []
+    for _ in range(args.reps):
+        out = train_dlrm(manifest, cfg.model, cfg.train, plan=plan, comms=cfg.comms)
+        ex = out.result.extra
+        slow = max(range(ranks), key=lambda r: ex[f"rank{r}.step_ms"])
+        steps.append(ex[f"rank{slow}.step_ms"])
+        comps.append(ex[f"rank{slow}.compute_ms"])
+        comms.append(ex[f"rank{slow}.comm_ms"])
+    slow_pred = max(range(ranks), key=lambda r: after.compute[r])
+    tiers = sorted({s.tier for t in plan.tables for s in t.shards})
+    return {"name": name, "tiers": "+".join(tiers), "measured": statistics.median(steps),
+            "measured_compute": statistics.median(comps), "measured_comm": statistics.median(comms),
+            "before": before.step * 1e3, "after": after.step * 1e3,
+            "after_compute": after.compute[slow_pred] * 1e3,
+            "after_comm": after.comm[slow_pred] * 1e3, "spread": (min(steps), max(steps))}
+
+
+def concordant(rows, key) -> tuple[int, int]:
+    ok = n = 0
+    for a, b in itertools.combinations(rows, 2):
+        n += 1
+        ok += (a["measured"] - b["measured"]) * (a[key] - b[key]) > 0
+    return ok, n
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--batch", type=int, default=1024, help="per-rank batch")
+    p.add_argument("--rows", type=int, default=60_000)
+    p.add_argument("--ram-share", type=float, default=0.5,
+                   help="the ssd configs' RAM per rank for embeddings: this share of the "
+                   "tables' bytes over the ranks")
+    p.add_argument("--threads", type=int, default=1, help="threads per rank, in calibration "
+                   "and training alike (default 1: 2 ranks x 1 on 2 cores)")
+    p.add_argument("--only", default="", help="run the configs whose name contains one of "
+                   "these (comma-separated)")
+    args = p.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="bench-costmodel-"))
+    scratch = str(root / "tiers")
+    t0 = time.perf_counter()
+    manifest = make_data(root, args.rows)
+    print(f"data: {args.rows} rows, {len(manifest['table_sizes'])} tables "
+          f"(largest {max(manifest['table_sizes']):,} rows) in {time.perf_counter() - t0:.0f} s",
+          flush=True)
+    # calibrate each layout a config runs: 1 rank using both cores, 2 ranks sharing them
+    cals = {ws: calibrate(Topology.preset("cpu-local", world_size=ws),
+                          CalibrationConfig(scratch_dir=scratch, num_threads=args.threads),
+                          progress_mode="off")
+            for ws in sorted({spec[0] for spec in CONFIGS.values()})}
+    from recscale.calibrate import format_calibration
+
+    for ws, c in cals.items():
+        print(f"calibration, {ws} rank(s) per host, {c.seconds:.1f} s:\n{format_calibration(c)}",
+              flush=True)
+    rows = []
+    for name, spec in CONFIGS.items():
+        if args.only and not any(o in name for o in args.only.split(",")):
+            continue
+        rows.append(run_config(name, spec, manifest, cals[spec[0]].topology, args, scratch))
+        r = rows[-1]
+        print(f"  {name}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
+              f"{r['after']:.2f}", flush=True)
+    print(f"\nper-step time (ms), measured median of {args.reps} runs x {args.steps} steps, "
+          f"batch {args.batch}/rank; predicted before (preset cpu-local) / after calibration")
+    head = (f"{'config':<18} {'tiers':<8} {'measured':>9} {'[min-max]':>13} {'before':>8} "
+            f"{'ratio':>6} {'after':>8} {'ratio':>6} {'meas c/m':>13} {'pred c/m':>13}")
+    print(head)
+    for r in rows:
+        print(f"{r['name']:<18} {r['tiers']:<8} {r['measured']:>9.2f} "
+              f"{r['spread'][0]:>6.1f}-{r['spread'][1]:<6.1f} {r['before']:>8.2f} "
+              f"{r['measured'] / r['before']:>6.2f} {r['after']:>8.2f} "
+              f"{r['measured'] / r['after']:>6.2f} "
+              f"{r['measured_compute']:>6.1f}/{r['measured_comm']:<6.1f} "
+              f"{r['after_compute']:>6.1f}/{r['after_comm']:<6.1f}")
+    within = sum(abs(r["measured"] / r["after"] - 1) <= 0.2 for r in rows)
+    within_b = sum(abs(r["measured"] / r["before"] - 1) <= 0.2 for r in rows)
+    cb, n = concordant(rows, "before")
+    ca, _ = concordant(rows, "after")
+    print(f"\nwithin 20% of measured: before {within_b}/{len(rows)}, after {within}/{len(rows)}")
+    err = {k: statistics.median(abs(r["measured"] / r[k] - 1) for r in rows)
+           for k in ("before", "after")}
+    print(f"median |measured / predicted - 1|: before {err['before']:.2f}, after {err['after']:.2f}")
+    print(f"pairs ranked as measured: before {cb}/{n}, after {ca}/{n}")
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

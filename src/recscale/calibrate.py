@@ -1,0 +1,72 @@
+"""``recscale calibrate``: measure this machine and write a topology file for the planner.
+
+    recscale calibrate --out data/06_models/topology.yml
+    kedro run --pipeline=dlrm --params=sharding.topology=data/06_models/topology.yml
+
+Measures (``recscale.train.calibrate``), on the ranks a run puts on this machine, the lookup +
+fused update rate per memory tier, the collectives between them and the dense arch's step, in seconds to a minute, and writes the
+base preset's fields with the measured values. Exits 2 with a message where it cannot run (e.g. the
+SSD tier's directory cannot be written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers") from None
+
+
+def calibrate_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="recscale calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="data/06_models/topology.yml",
+                   help="topology file to write (YAML; default %(default)s)")
+    p.add_argument("--base", default="cpu-local", help="preset whose fields are measured "
+                   "(default %(default)s; capacities and unmeasured links are kept)")
+    p.add_argument("--scratch-dir", default="", help="directory of the SSD-backed cache files "
+                   "(default: the system temp directory)")
+    p.add_argument("--tiers", default="memory,ddr,ssd", help="tiers to measure: memory and any "
+                   "of ddr, ssd (default %(default)s)")
+    p.add_argument("--dims", type=_ints, default=(16, 128), help="embedding dims (default 16,128)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions per point (default 3)")
+    p.add_argument("--ranks-per-host", type=int, default=None, help="ranks that train on this "
+                   "machine (default: the base's); they measure at the same time, as they train")
+    p.add_argument("--no-comms", action="store_true", help="keep the base's link figures")
+    p.add_argument("--progress", default="auto", choices=("auto", "bar", "log", "off"))
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from recscale.config import ConfigError
+    from recscale.sharding import Topology
+    from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
+
+    try:
+        cfg = CalibrationConfig(dims=args.dims, reps=args.reps, scratch_dir=args.scratch_dir,
+                                tiers=tuple(t for t in args.tiers.split(",") if t),
+                                comms=not args.no_comms)
+        base = Topology.preset(args.base, local_world_size=args.ranks_per_host)
+        cal = calibrate(base, cfg, progress_mode=args.progress)
+    except (CalibrationError, ConfigError) as e:
+        print(f"recscale calibrate: {e}", file=sys.stderr)
+        return 2
+    path = cal.topology.save(args.out)
+    print(format_calibration(cal))
+    print(f"wrote {path} in {cal.seconds:.1f} s; plan with sharding.topology={path}")
+    return 0
+
+
+def format_calibration(cal) -> str:
+    """The fitted constants, one line per part."""
+    lines = []
+    for part, fit in cal.fits.items():
+        lines.append(f"{part:>12}: " + ", ".join(f"{k} {v:.3g}" for k, v in fit.items()))
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""The step the trainer runs, predicted from a plan: per rank, compute and exposed communication.
+
+The planner balances the embedding part (``ShardSpec.compute_cost`` / ``comms_cost``, bandwidth
+terms only). A training step also has fixed and per-item costs that calibration measures
+(``Topology.*_op_s``, ``*_id_s``, ``bag_s``, the collectives' latency), the dense arch (bottom
+MLP, interaction, top MLP: forward + backward at ``Topology.dense_flops``, plus
+``dense_op_s`` for the loss and the optimizer step) and its gradient all-reduce, and the overlap
+the runtime performs (``recscale.train.overlap``, ``train.pipeline: true``):
+
+- the next batch's input distribution (ids and lengths all-to-alls) is started while this batch
+  computes: it is exposed only where it takes longer than the step's compute;
+- the output exchange (pooled vectors) runs while the bottom MLP computes its forward: exposed
+  only where it is longer than that.
+
+The exchange also works on the rank's own cores (bucketing ids, packing, codecs, summing partial
+rows; on a CPU gloo's copies too): ``Topology.exchange_op_s`` + bytes sent / ``exchange_bw``
+count as compute, overlapped or not, and so does a reduced-precision codec's work
+(``Topology.codec_s`` per element encoded or decoded).
+
+Communication is what the runtime's ``CommStats`` measures: the embedding collectives' issue and
+wait time, which includes waiting for a slower rank. So the step is the slowest rank's compute +
+its exposed communication, and every other rank's communication is that step minus its compute.
+DDP's gradient all-reduce (gloo: overlapped with the backward, not in ``CommStats``) counts as
+compute. Without calibration the fixed costs are 0 and dense compute runs at an assumed rate
+(``DEFAULT_DENSE_FLOPS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from recscale.config import check
+
+from .cost import CostModel
+from .plan import ShardingPlan
+from .topology import Topology
+from .types import PRECISION_BYTES, SHARDING_TYPES, TIERS
+
+# dense FLOP/s assumed for an uncalibrated topology (forward + backward of fp32 MLPs): a few
+# cores' worth on a CPU; a fraction of an A100's TF32 peak on CUDA. Assumptions, not measurements.
+DEFAULT_DENSE_FLOPS = {"cpu": 2e10, "cuda": 5e13}
+# collectives per step of the embedding exchange: ids, lengths, pooled vectors, their gradients
+CALLS_PER_STEP = 4
+
+
+@dataclass(frozen=True)
+class DenseSpec:
+    """The dense arch as the prediction needs it: forward FLOPs per sample (all of it and the
+    bottom MLP's), and the parameters DDP all-reduces."""
+
+    flops_per_sample: float
+    bottom_flops_per_sample: float
+    params: int
+
+    @classmethod
+    def mlps(cls, num_dense: int, bottom: Sequence[int], top_in: int, top: Sequence[int],
+             interaction_flops: float = 0.0) -> DenseSpec:
+        """Bottom MLP ``num_dense -> bottom``, top MLP ``top_in -> top``."""
+        def layers(d_in, widths):
+            f = p = 0
+            for w in widths:
+                f += 2 * d_in * w
+                p += d_in * w + w
+                d_in = w
+            return f, p
+
+        bf, bp = layers(num_dense, bottom)
+        tf, tp = layers(top_in, top)
+        return cls(float(bf + tf + interaction_flops), float(bf), int(bp + tp))
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """Seconds per step, per rank: ``compute`` (embeddings + dense), ``comm`` (exposed embedding
+    communication, waiting for the slowest rank included), ``step`` (the same for every rank);
+    ``parts``: the terms behind them, per rank (for the report)."""
+
+    compute: tuple[float, ...]
+    comm: tuple[float, ...]
+    step: float
+    parts: dict[str, tuple[float, ...]]
+
+
+def _shard_costs(cm: CostModel, tp, s) -> tuple[float, float]:
+    """(compute, comms) seconds of one shard of table plan ``tp`` under ``cm``'s topology."""
+    kind = SHARDING_TYPES.index(tp.sharding_type)
+    k = len(tp.shards) if tp.sharding_type != "data_parallel" else 1
+    c = cm.shards(kind, tp.num_embeddings, tp.pooling_factor, len(tp.feature_names),
+                  s.row_length, s.col_length, k, TIERS.index(s.tier), s.cache_fraction)
+    return float(c.compute), float(c.comms)
+
+
+def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: bool = True,
+                 topology: Topology | None = None) -> StepPrediction:
+    """Per-rank step time of a run of ``plan`` (see the module docstring); ``topology``: cost
+    the same shards on another description of the machine (e.g. the preset vs a calibrated one;
+    same world size and hosts), default the plan's own."""
+    topo = plan.topology if topology is None else topology
+    if topology is not None:
+        check(topo.world_size == plan.world_size and
+              topo.local_world_size == plan.local_world_size, "topology.world_size",
+              topo.world_size, f"the plan's {plan.world_size} ranks, "
+              f"{plan.local_world_size} per host")
+    W, B = topo.world_size, float(plan.batch_size_per_rank)
+    cm = CostModel(topo, plan.batch_size_per_rank, plan.options)
+    ct = topo.compute_tier
+    lat = topo.inter_node_lat_s if topo.num_hosts > 1 else topo.intra_node_lat_s
+    f_share = (cm.fb + cm.f_extra) / max(cm.fb + cm.bb + cm.f_extra + cm.b_extra, 1e-12)
+    emb = np.zeros(W)
+    xbytes = np.zeros(W)  # bytes the rank sends in the exchange (input, output, gradients)
+    # elements a reduced-precision codec encodes + decodes on the rank (both directions)
+    coded = float(cm.fb < 4) + float(cm.bb < 4)
+    xcodec = np.zeros(W)
+    inp = np.zeros(W)
+    out_fwd = np.zeros(W)
+    out_bwd = np.zeros(W)
+    tiers_on: list[set[str]] = [set() for _ in range(W)]
+    for tp in plan.tables:
+        F = float(len(tp.feature_names))
+        L = float(tp.pooling_factor)
+        N = float(tp.num_embeddings)
+        dp = tp.sharding_type == "data_parallel"
+        for s in tp.shards:
+            r = s.rank
+            tiers_on[r].add(s.tier)
+            compute_s, comms_s = ((s.compute_cost, s.comms_cost) if topology is None
+                                  else _shard_costs(cm, tp, s))
+            vec = B * F if dp else B * W * F
+            ids = vec * L if dp else vec * L * s.row_length / N
+            h = float(cm.hit_rate(s.cache_fraction)) if s.tier != ct else 1.0
+            id_s = h * topo.id_seconds(ct) + (1 - h) * topo.id_seconds(s.tier)
+            emb[r] += compute_s + ids * id_s + vec * topo.bag_s
+            if dp:
+                emb[r] += comms_s  # the replica's gradient all-reduce: with DDP's, compute
+                continue
+            i = (ids * cm.ib + vec * 4) * cm.a2a
+            remote = (W - 1) / W
+            xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * (
+                s.col_length * (cm.fb + cm.bb) + cm.f_extra + cm.b_extra))
+            xcodec[r] += 2 * coded * remote * vec * s.col_length
+            inp[r] += min(i, comms_s)
+            rest = comms_s - min(i, comms_s)
+            out_fwd[r] += rest * f_share
+            out_bwd[r] += rest * (1 - f_share)
+    for r in range(W):
+        emb[r] += sum(topo.op_seconds(t) for t in tiers_on[r])
+    if W > 1 and xbytes.any():
+        emb += topo.exchange_op_s + (xbytes / topo.exchange_bw if topo.exchange_bw else 0.0)
+        emb += xcodec * topo.codec_s
+    flops = topo.dense_flops or DEFAULT_DENSE_FLOPS.get(topo.device, 2e10)
+    d_fwd = d_bottom = d_ar = 0.0
+    if dense is not None:
+        d_fwd = B * dense.flops_per_sample / flops
+        d_bottom = B * dense.bottom_flops_per_sample / flops
+        if W > 1:
+            db = PRECISION_BYTES[plan.options.comms.dense_allreduce]
+            d_ar = 2 * (W - 1) / W * dense.params * db * cm.a2a * W / max(W - 1, 1) + lat
+    dense_s = 3 * d_fwd + topo.dense_op_s + d_ar  # forward + backward (2x) + fixed + all-reduce
+    compute = emb + dense_s
+    calls = CALLS_PER_STEP * lat if W > 1 and any(
+        t.sharding_type != "data_parallel" for t in plan.tables) else 0.0
+    if pipelined:
+        exposed_in = np.maximum(inp - compute, 0.0)
+        exposed_out = np.maximum(out_fwd - 2 * d_bottom, 0.0)  # bottom forward (+ its backward)
+    else:
+        exposed_in, exposed_out = inp, out_fwd
+    comm_own = exposed_in + exposed_out + out_bwd + calls
+    step = float(np.max(compute + comm_own))
+    comm = step - compute
+    parts = {"embedding": emb, "dense": np.full(W, dense_s), "input": inp, "output": out_fwd,
+             "output_grad": out_bwd, "exposed": comm_own}
+    return StepPrediction(tuple(float(x) for x in compute), tuple(float(x) for x in comm), step,
+                          {k: tuple(float(x) for x in v) for k, v in parts.items()})
+
+
+def step_time_against_plan(measured: dict[str, float], pred: StepPrediction) -> dict[str, float]:
+    """Per rank: predicted step / compute / comm ms and measured / predicted, from the run's
+    ``rank{r}.step_ms`` / ``compute_ms`` / ``comm_ms``; ``step_ms.*`` over the slowest rank."""
+    out: dict[str, float] = {}
+    for r, (c, m) in enumerate(zip(pred.compute, pred.comm)):
+        for key, p in (("step_ms", pred.step), ("compute_ms", c), ("comm_ms", m)):
+            got = measured.get(f"rank{r}.{key}", float("nan"))
+            out[f"rank{r}.{key}.predicted"] = p * 1e3
+            out[f"rank{r}.{key}.measured_over_predicted"] = got / (p * 1e3) if p > 0 else float("nan")
+    got = max((measured.get(f"rank{r}.step_ms", float("nan")) for r in range(len(pred.compute))),
+              default=float("nan"))
+    out["step_ms.predicted"] = pred.step * 1e3
+    out["step_ms.measured"] = got
+    out["step_ms.measured_over_predicted"] = got / (pred.step * 1e3) if pred.step > 0 else float("nan")
+    return out

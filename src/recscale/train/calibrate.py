@@ -1,0 +1,454 @@
+"""Calibration: measure what the cost model's constants stand for, on this machine, and write a
+topology the planner accepts (``sharding.topology: <file>``).
+
+It lives in ``train`` because it runs the runtime's own pieces (fbgemm table-batched embeddings,
+the tiered cache, gloo collectives started by ``recscale.distributed.launch``, the dense arch),
+which the torch-free planner (``recscale.sharding``) may not import.
+
+What is measured runs on the workers as training lays them out: the topology's
+``local_world_size`` ranks (started by ``recscale.distributed.launch``; one rank runs in this
+process), each with its share of the cores, measuring the same point at the same time (a rank
+shares the machine with its peers, as in a step); a point's time is the median of ``reps`` timed
+repetitions after a warm-up, on the slowest rank:
+
+- lookup + fused update (forward, backward with the fused optimizer), per tier: in memory
+  (``FusedEmbeddingBags``: the compute tier), DDR-backed and SSD-backed cache
+  (``TieredEmbeddingBags``, uniform ids so most lookups miss; the measured hit rate separates
+  the slow tier's share), by embedding dim and pooling factor, at two batch sizes. Fitted (non-
+  negative least squares) to the cost model's terms: seconds per step (``<tier>_op_s``), per id
+  (``<tier>_id_s``), per pooled vector (``bag_s``) and per byte the cost model counts
+  (``<tier>_bw``). On a CPU the compute tier is DDR, so the DDR-backed cache has no tier of the
+  topology to go to: it is reported (``fits["ddr_cache"]``), not written.
+- pooled all-to-all and all-reduce inside a host: the host's gloo ranks, messages of several sizes,
+  fitted to latency per call + bytes each rank sends (reported: ``fits["intra_host"]``); and the
+  runtime's own exchange (``ShardedEmbeddingCollection``, table-wise shards, forward + backward):
+  its communication as ``CommStats`` counts it (what a run reports) gives ``intra_node_lat_s`` and
+  ``intra_node_bw``, the rest of its step beyond the lookups gives ``exchange_op_s`` and
+  ``exchange_bw`` (the exchange's work on the rank's cores). Across hosts: not measured here
+  (``inter_node_*`` keep the base topology's).
+- the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step at two
+  batch sizes: ``dense_flops`` and ``dense_op_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+import recscale.train.calibration_fits as fits
+from recscale.config import Validated, check
+from recscale.data.batch import SparseFeatures
+from recscale.distributed import LaunchConfig, launch, run_in_group, set_threads, worker_entry
+from recscale.model.dlrm import DenseArch, ModelConfig, interaction_dim
+from recscale.sharding import Topology
+from recscale.sharding.step_time import DenseSpec
+from recscale.sharding.types import OPTIMIZER_STATE
+
+NUM_DENSE = 13
+
+
+class CalibrationError(RuntimeError):
+    """Calibration cannot run here; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class CalibrationConfig(Validated):
+    """How long and what to measure (``recscale calibrate`` flags / ``sharding.calibration``)."""
+
+    dims: tuple[int, ...] = (16, 128)
+    poolings: tuple[int, ...] = (1, 8)
+    batch_sizes: tuple[int, ...] = (256, 2048)
+    tables: int = 4  # tables per in-memory module
+    rows: int = 20000  # rows per in-memory table
+    cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
+    cache_fraction: float = 0.2
+    tiers: tuple[str, ...] = ("memory", "ddr", "ssd")
+    scratch_dir: str = ""  # SSD-backed cache files ("" = the system temp directory)
+    reps: int = 3
+    comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
+    comms: bool = True  # measure the collectives between the host's ranks
+    num_threads: int | None = None  # threads per rank (train.num_threads; null: the host's cores
+    # shared by its ranks)
+    optimizer: str = "exact_rowwise_adagrad"
+    timeout_s: float = 120.0
+
+    def validate(self, prefix: str = "calibration") -> None:
+        for key in ("dims", "poolings", "batch_sizes", "comm_sizes"):
+            v = getattr(self, key)
+            check(len(v) >= 1 and all(isinstance(x, int) and x > 0 for x in v), f"{prefix}.{key}",
+                  v, "a non-empty list of positive integers")
+        check(all(d % 4 == 0 for d in self.dims), f"{prefix}.dims", self.dims,
+              "multiples of 4 (fbgemm's row alignment)")
+        check(len(set(self.batch_sizes)) >= 2, f"{prefix}.batch_sizes", self.batch_sizes,
+              "at least two different sizes (a fixed and a per-item cost are fitted)")
+        check(set(self.tiers) <= {"memory", "ddr", "ssd"} and "memory" in self.tiers,
+              f"{prefix}.tiers", self.tiers, "'memory' and any of 'ddr', 'ssd'")
+        check(0 < self.cache_fraction < 1, f"{prefix}.cache_fraction", self.cache_fraction,
+              "in (0, 1)")
+        check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
+              self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
+        check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
+        check(self.num_threads is None or (isinstance(self.num_threads, int)
+                                           and self.num_threads > 0),
+              f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
+
+
+@dataclass
+class Calibration:
+    """The measured topology and what it came from (``points``: every timing; ``fits``: the
+    fitted constants per part, with the fit's median relative error)."""
+
+    topology: Topology
+    fits: dict[str, dict[str, float]] = field(default_factory=dict)
+    points: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"calibration.{part}.{k}": v for part, f in self.fits.items() for k, v in f.items()}
+        out["calibration.seconds"] = self.seconds
+        return out
+
+
+# --- timing helpers --------------------------------------------------------------------------------
+def _median_time(fn: Callable[[int], Any], reps: int) -> float:
+    fn(-1)  # warm-up
+    ts = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn(i)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def check_writable(path: str, what: str) -> str:
+    """``path`` exists (made if missing) and a file can be written in it, else a clear error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise CalibrationError(f"cannot calibrate the {what}: its directory {path!r} cannot be "
+                               f"written ({e.strerror or e}); give a writable directory "
+                               "(--scratch-dir / train.tiers.scratch_dir) or leave the tier out "
+                               "(--tiers memory,ddr)") from e
+    return path
+
+
+# --- embeddings -----------------------------------------------------------------------------------
+def _batch(T: int, B: int, L: int, rows: int, g: torch.Generator) -> SparseFeatures:
+    lengths = torch.full((T, B), L, dtype=torch.int64)
+    values = torch.randint(0, rows, (T * B * L,), generator=g)
+    return SparseFeatures(("",) * T, values, lengths)
+
+
+def _measure_module(make, cfg: CalibrationConfig, T: int, rows: int, progress) -> list[dict]:
+    from recscale.embedding.tbe import EmbeddingOptimizerConfig
+
+    opt = EmbeddingOptimizerConfig(name=cfg.optimizer)
+    pts = []
+    g = torch.Generator().manual_seed(0)
+    for d in cfg.dims:
+        mod = make(opt, T, rows, d)
+        try:
+            for L in cfg.poolings:
+                for B in cfg.batch_sizes:
+                    batches = [_batch(T, B, L, rows, g) for _ in range(cfg.reps + 1)]
+                    before = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
+
+                    def step(i, mod=mod, batches=batches):
+                        mod(batches[i + 1]).sum().backward()
+
+                    t = _median_time(step, cfg.reps)
+                    after = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
+                    look = after.get("lookups", 0) - before.get("lookups", 0)
+                    hits = after.get("hits", 0) - before.get("hits", 0)
+                    h = hits / look if look else 1.0
+                    pts.append({"dim": d, "pooling": L, "batch": B, "ids": T * B * L,
+                                "bags": T * B, "seconds": t, "hit_rate": h})
+                    progress()
+        finally:
+            if hasattr(mod, "close"):
+                mod.close()
+    return pts
+
+
+# --- dense -------------------------------------------------------------------------------------------
+def dense_spec(model_cfg: ModelConfig, num_tables: int, num_dense: int = NUM_DENSE) -> DenseSpec:
+    """The dense arch of ``model_cfg`` as the step-time prediction sees it."""
+    top_in = interaction_dim(model_cfg, num_tables)
+    inter = 0.0
+    if model_cfg.interaction == "dot":
+        f = num_tables + 1
+        inter = 2.0 * f * f * model_cfg.embedding_dim
+    return DenseSpec.mlps(num_dense, model_cfg.bottom_mlp, top_in, model_cfg.top_mlp, inter)
+
+
+def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConfig, progress):
+    torch.manual_seed(0)
+    arch = DenseArch(NUM_DENSE, num_tables, model_cfg)
+    opt = torch.optim.Adam(arch.parameters(), lr=1e-3, foreach=True)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    spec = dense_spec(model_cfg, num_tables)
+    pts = []
+    # three batch sizes at least (a fixed and a per-FLOP cost are fitted), 5 steps each at least
+    sizes = sorted({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2})
+    for B in sizes:
+        x = torch.randn(B, NUM_DENSE)
+        emb = torch.randn(B, num_tables * model_cfg.embedding_dim)
+        y = torch.rand(B).round()
+
+        def step(i, x=x, emb=emb, y=y):
+            loss = loss_fn(arch(x, emb), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        pts.append({"batch": B, "flops": 3 * B * spec.flops_per_sample,
+                    "seconds": _median_time(step, max(cfg.reps, 5))})
+        progress()
+    return pts
+
+
+# --- collectives -------------------------------------------------------------------------------------
+def _measure_comms(sizes, reps) -> list[dict]:
+    """Inside the group: all-to-all and all-reduce of each size (the slowest rank's time)."""
+    import torch.distributed as dist
+
+    out = []
+    W = dist.get_world_size()
+    for nbytes in sizes:
+        n = max(nbytes // 4, W)
+        n -= n % W
+        x = torch.randn(n)
+        y = torch.empty_like(x)
+        for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
+                         ("all_reduce", lambda y=y: dist.all_reduce(y))):
+            dist.barrier()
+            t = torch.tensor([_median_time(lambda i, fn=fn: fn(), reps)])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out.append({"collective": name, "bytes": n * 4, "seconds": float(t)})
+    return out
+
+
+def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
+    """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
+    forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
+    (what a training run reports as communication), calls and bytes sent."""
+    from recscale.comm import CommsConfig
+    from recscale.comm.collectives import CommStats
+    from recscale.embedding.sharded import ShardedEmbeddingCollection
+    from recscale.embedding.tbe import EmbeddingOptimizerConfig
+    from recscale.sharding import TableSpec, plan_sharding
+
+    W, B = ctx.world_size, max(cfg.batch_sizes)
+    T = 2 * cfg.tables
+    names = tuple(f"f{i}" for i in range(T))
+    out = []
+    g = torch.Generator().manual_seed(ctx.rank)
+    # every dim and their mean in fp32 (16 and 128 too when fewer than three), the widest again
+    # in fp16 (the
+    # codecs' cost); each point over 3 x reps steps (the steps are short)
+    dims = sorted({*cfg.dims, 4 * round(sum(cfg.dims) / len(cfg.dims) / 4)})
+    if len(dims) < 3:  # a fixed and a per-byte cost need sizes apart
+        dims = sorted({*dims, 16, 128})
+    reps = max(3 * cfg.reps, 7)
+    for d, prec in [(d, "fp32") for d in dims] + [(max(dims), "fp16")]:
+        comms = CommsConfig(forward=prec, backward=prec)
+        tables = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
+                            constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
+        plan = plan_sharding(tables, Topology.preset("cpu-local", world_size=W,
+                                                     local_world_size=W), B,
+                             optimizer=cfg.optimizer, comms=comms)
+        stats = CommStats()
+        emb = ShardedEmbeddingCollection(plan, names, EmbeddingOptimizerConfig(name=cfg.optimizer),
+                                         ctx.rank, W, group=ctx.sparse_group, stats=stats,
+                                         comms=comms)
+        batches = [SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
+                                  torch.ones(T, B, dtype=torch.int64))
+                   for _ in range(reps + 1)]
+        marks = []
+
+        def step(i, emb=emb, batches=batches, stats=stats, marks=marks):
+            if i == 0:
+                marks.append((stats.total_seconds, sum(stats.calls.values()),
+                              sum(stats.bytes_sent.values())))
+            emb(batches[i + 1]).sum().backward()
+
+        t = _median_time(step, reps)
+        s0, c0, b0 = marks[0]
+        n = reps
+        # the ids this rank looks up: its T / W tables for the global batch
+        out.append({"dim": d, "precision": prec, "batch": B, "seconds": t,
+                    "comm_seconds": (stats.total_seconds - s0) / n,
+                    "calls": (sum(stats.calls.values()) - c0) / n,
+                    "bytes": (sum(stats.bytes_sent.values()) - b0) / n})
+        emb.close()
+        del emb
+    return out
+
+
+# --- one rank's measurements -------------------------------------------------------------------------
+def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int, store: str,
+                 progress=None, sync=None) -> dict[str, list[dict]]:
+    """Every point of the calibration, in this process (one rank of the layout); ``sync``
+    before each point keeps the ranks of a host measuring at the same time."""
+    from recscale.embedding.cache import TieredEmbeddingBags
+    from recscale.embedding.tbe import FusedEmbeddingBags
+    from recscale.embedding.tier_config import TierConfig
+
+    per_module = len(cfg.dims) * len(cfg.poolings) * len(cfg.batch_sizes)
+    total = (per_module * len(cfg.tiers)
+             + len({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2}))
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        if progress is not None:
+            progress.update(done[0], total)
+        if sync is not None:
+            sync()
+
+    pts = {"memory": _measure_module(
+        lambda o, T, R, d: FusedEmbeddingBags([R] * T, [d] * T, o), cfg, cfg.tables, cfg.rows,
+        tick)}
+    for tier in ("ddr", "ssd"):
+        if tier not in cfg.tiers:
+            continue
+        tcfg = TierConfig(tier=tier, scratch_dir=store, min_cache_rows=64, prefetch=False)
+
+        def make(o, T, R, d, tcfg=tcfg):
+            return TieredEmbeddingBags([R], [d], o, config=tcfg,
+                                       cache_fractions=[cfg.cache_fraction])
+
+        rows = max(cfg.cache_rows, int(2 * max(cfg.batch_sizes) * max(cfg.poolings)
+                                       / cfg.cache_fraction))
+        pts[f"{tier}_cache"] = _measure_module(make, replace(cfg, tables=1), 1, rows, tick)
+    pts["dense"] = _measure_dense(model_cfg, num_tables, cfg, tick)
+    return pts
+
+
+def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
+    import torch.distributed as dist
+
+    from recscale.config import parse
+    from recscale.progress import Progress
+
+    cfg = parse(CalibrationConfig, cfg_d, "calibration")
+    model_cfg = parse(ModelConfig, model_d, "model")
+    if ctx.rank == 0 and mode in ("log", "auto"):
+        # a forked worker's logging is not the caller's: rank 0's progress lines go to stderr
+        if not logging.getLogger().handlers:
+            logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+        logging.getLogger("recscale.progress").setLevel(logging.INFO)
+    set_threads(cfg.num_threads, ctx.local_world_size)
+    with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off",
+                  log_every_s=3.0) as bar:
+        pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
+                           bar, sync=dist.barrier)
+        if cfg.comms:
+            pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
+            pts["exchange"] = _measure_exchange(ctx, cfg)
+    return pts
+
+
+@worker_entry
+def _calibration_worker(launch_d: dict, *args):
+    from recscale.config import parse
+
+    return run_in_group(parse(LaunchConfig, launch_d, "calibration.launch"), _calibration_rank,
+                        *args)
+
+
+def _merge(per_rank: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
+    """The ranks measured the same points at the same time: each point's slowest rank."""
+    out = {}
+    for part, pts in per_rank[0].items():
+        out[part] = [{**p, "seconds": max(r[part][i]["seconds"] for r in per_rank)}
+                     for i, p in enumerate(pts)]
+    return out
+
+
+# --- the whole calibration --------------------------------------------------------------------------
+def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
+              model_cfg: ModelConfig | None = None, num_tables: int = 26,
+              weight_precision: str = "fp32", progress_mode: str = "auto") -> Calibration:
+    """Measure this machine laid out as ``base`` says (``local_world_size`` ranks measuring at
+    the same time, each with its share of the cores, as training runs them) and return ``base``
+    with its constants replaced by the measured ones (see the module docstring). Raises
+    ``CalibrationError`` where a part cannot run (a tier's directory not writable, a GPU
+    topology)."""
+    from recscale.config import to_dict
+    from recscale.progress import Progress
+    from recscale.sharding.types import PRECISION_BYTES
+
+    cfg = cfg or CalibrationConfig()
+    model_cfg = model_cfg or ModelConfig()
+    if base.device != "cpu":
+        raise CalibrationError(f"calibration measures CPU ranks here; topology {base.name!r} is "
+                               f"for device {base.device!r}: calibrate on its own machines")
+    if weight_precision != "fp32":
+        raise CalibrationError(f"weights {weight_precision}: the CPU runtime trains fp32 tables")
+    scratch = cfg.scratch_dir or tempfile.gettempdir()
+    if "ssd" in cfg.tiers:
+        check_writable(scratch, "SSD-backed cache tier")
+    t_start = time.perf_counter()
+    lws = base.local_world_size
+    store = tempfile.mkdtemp(prefix="recscale-calibrate-", dir=scratch if "ssd" in cfg.tiers
+                             else None)
+    previous_threads = torch.get_num_threads()
+    try:
+        if lws == 1:
+            set_threads(cfg.num_threads, 1)
+            with Progress(None, "calibrate", unit="point", mode=progress_mode,
+                          log_every_s=3.0) as bar:
+                pts = _measure_all(replace(cfg, comms=False), model_cfg, num_tables, store, bar)
+        else:
+            lc = LaunchConfig(world_size=lws, collective_timeout_s=cfg.timeout_s,
+                              exit_timeout_s=min(cfg.timeout_s, 60.0))
+            res = launch(_calibration_worker, (to_dict(lc), to_dict(cfg), to_dict(model_cfg),
+                                               num_tables, store, progress_mode), lc)
+            pts = _merge([res[r] for r in sorted(res)])
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+        set_threads(previous_threads)
+    orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
+    wb = float(PRECISION_BYTES[weight_precision])
+    out = Calibration(base, points=pts)
+    fast = out.fits["memory"] = fits.fit_memory(pts["memory"], wb, orow, oelem)
+    for tier in ("ddr", "ssd"):
+        if f"{tier}_cache" in pts:
+            out.fits[f"{tier}_cache"] = fits.fit_cached(pts[f"{tier}_cache"], fast, wb, orow, oelem)
+    out.fits["dense"] = fits.fit_dense(pts["dense"])
+    if "intra_host" in pts:
+        out.fits["intra_host"] = fits.fit_comms(pts["intra_host"], lws)
+        out.fits["exchange"] = fits.fit_exchange(pts["exchange"], fast, wb, orow, oelem,
+                                             2 * cfg.tables)
+    ct = base.compute_tier
+    kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
+                          f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],
+                          "dense_flops": out.fits["dense"]["flops"],
+                          "dense_op_s": out.fits["dense"]["op_s"]}
+    for tier in ("hbm", "ddr", "ssd"):
+        fit = out.fits.get(f"{tier}_cache")
+        if fit is not None and tier != ct:
+            kw.update({f"{tier}_bw": fit["bw"], f"{tier}_op_s": fit["op_s"],
+                       f"{tier}_id_s": fit["id_s"]})
+            if base.capacity(tier) <= 0 and tier == "ssd":  # a tier the run may spill to
+                kw["ssd_bytes"] = float(shutil.disk_usage(scratch).free / lws)
+    if "exchange" in out.fits:  # the runtime's own exchange, not the bare collectives
+        x = out.fits["exchange"]
+        kw.update(intra_node_bw=x["bw"], intra_node_lat_s=x["lat_s"], exchange_op_s=x["op_s"],
+                  exchange_bw=x["cpu_bw"], codec_s=x["codec_s"])
+    kw["name"] = base.name if base.name.endswith("-calibrated") else f"{base.name}-calibrated"
+    out.topology = replace(base, **kw)
+    out.seconds = time.perf_counter() - t_start
+    return out

@@ -1,0 +1,117 @@
+"""Fits of calibration's timings to the cost model's constants (numpy and scipy only): non-negative
+least squares on relative error, one function per part measured (``recscale.train.calibrate``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def nnls(X: np.ndarray, y: np.ndarray, scale: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative coefficients minimising the *relative* error (rows weighted by 1 / y, or by
+    1 / ``scale``: a residual's relative error is against the whole time it came from), so small
+    messages and batches count as much as large ones."""
+    from scipy.optimize import nnls as scipy_nnls
+
+    w = 1.0 / np.maximum(y if scale is None else scale, 1e-9)
+    Xw, yw = X * w[:, None], y * w
+    s = np.maximum(np.abs(Xw).max(axis=0), 1e-30)  # comparable column magnitudes
+    coef, _ = scipy_nnls(Xw / s, yw)
+    return coef / s
+
+
+def rel_err(X, y, coef) -> float:
+    pred = X @ coef
+    return float(np.median(np.abs(pred - y) / np.maximum(y, 1e-12)))
+
+
+def bytes(ids, bags, d, wb, opt_row, opt_elem):
+    """The cost model's bytes: ids x (3 x row + 2 x optimizer state) (tier), pooled (compute)."""
+    return ids * (3 * d * wb + 2 * (opt_row + opt_elem * d)), 2 * bags * d * 4
+
+
+def fit_memory(pts, wb, opt_row, opt_elem):
+    X, y = [], []
+    for p in pts:
+        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem)
+        X.append([1.0, p["ids"], p["bags"], tb + pb])
+        y.append(p["seconds"])
+    X, y = np.array(X), np.array(y)
+    c = nnls(X, y)
+    bw = 1.0 / c[3] if c[3] > 0 else 1e12
+    return {"op_s": c[0], "id_s": c[1], "bag_s": c[2], "bw": bw, "fit_rel_err": rel_err(X, y, c)}
+
+
+def fit_cached(pts, fast, wb, opt_row, opt_elem):
+    """The slow tier behind a cache: what the hits cost is the compute tier's (``fast``); the
+    misses' share of ids and bytes is fitted."""
+    X, y = [], []
+    for p in pts:
+        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem)
+        h = p["hit_rate"]
+        known = (p["ids"] * h * fast["id_s"] + p["bags"] * fast["bag_s"]
+                 + (tb * h + pb) / fast["bw"])
+        X.append([1.0, p["ids"] * (1 - h), tb * (1 - h)])
+        y.append(max(p["seconds"] - known, 0.0))
+    X, y = np.array(X), np.array(y)
+    total = np.array([p["seconds"] for p in pts])
+    c = nnls(X, y, total)
+    bw = 1.0 / c[2] if c[2] > 0 else 1e12
+    return {"op_s": c[0], "id_s": c[1], "bw": bw,
+            "fit_rel_err": float(np.median(np.abs(X @ c - y) / total)),
+            "hit_rate": float(np.mean([p["hit_rate"] for p in pts]))}
+
+
+def fit_dense(pts):
+    X = np.array([[1.0, p["flops"]] for p in pts])
+    y = np.array([p["seconds"] for p in pts])
+    c = nnls(X, y)
+    return {"op_s": c[0], "flops": 1.0 / c[1] if c[1] > 0 else 1e15,
+            "fit_rel_err": rel_err(X, y, c)}
+
+
+def fit_comms(pts, W):
+    X, y = [], []
+    for p in pts:
+        share = (W - 1) / W * (2 if p["collective"] == "all_reduce" else 1)
+        X.append([1.0, p["bytes"] * share])
+        y.append(p["seconds"])
+    X, y = np.array(X), np.array(y)
+    c = nnls(X, y)
+    return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12, "fit_rel_err": rel_err(X, y, c)}
+
+
+def fit_exchange(pts, fast, wb, opt_row, opt_elem, T):
+    """The exchange's communication per step (as ``CommStats`` counts it) = calls x latency +
+    bytes sent / bandwidth; the rest of its step beyond the lookups (``fast``: the in-memory
+    fit) = a fixed cost + bytes sent / ``exchange_bw``."""
+    X = np.array([[p["calls"], p["bytes"]] for p in pts])
+    y = np.array([p["comm_seconds"] for p in pts])
+    c = nnls(X, y)
+    fp32 = [p for p in pts if p.get("precision", "fp32") == "fp32"]
+    Xc, yc = [], []
+    residual = {}
+    for p in pts:
+        ids = bags = T * p["batch"]
+        tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem)
+        lookup = ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
+        r = max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"], 0.0)
+        residual[(p["dim"], p.get("precision", "fp32"))] = r
+        if p in fp32:
+            Xc.append([1.0, p["bytes"]])
+            yc.append(r)
+    Xc, yc = np.array(Xc), np.array(yc)
+    cc = nnls(Xc, yc, np.array([p["seconds"] for p in fp32]))
+    # fp16 at the widest dim: its extra work beyond fp32's (with half the bytes to move) is
+    # the codecs', per element encoded or decoded (pooled vectors and gradients, sent and received)
+    d = max(p["dim"] for p in pts)
+    wide = next((p for p in fp32 if p["dim"] == d), None)
+    codec_s = 0.0
+    if wide is not None and (d, "fp16") in residual:
+        half = next(p for p in pts if p["dim"] == d and p.get("precision") == "fp16")
+        extra = residual[(d, "fp16")] - (cc[0] + half["bytes"] * cc[1])
+        elements = 2 * wide["bytes"] / 4  # encoded and decoded, forward and backward
+        codec_s = max(extra, 0.0) / elements
+    return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
+            "calls_per_step": float(np.mean([p["calls"] for p in pts])),
+            "fit_rel_err": rel_err(X, y, c), "op_s": cc[0],
+            "cpu_bw": 1.0 / cc[1] if cc[1] > 0 else 1e12, "codec_s": codec_s}

@@ -1,0 +1,112 @@
+"""Calibration: its output is a topology the planner accepts (file round trip, a valid plan from
+it), the training node's predicted / measured step time reaches MLflow, and calibration refuses
+with a clear error where it cannot run."""
+
+import dataclasses
+
+import pytest
+
+from recscale.config import ConfigError, parse
+from recscale.sharding import ShardingConfig, TableSpec, Topology, plan_sharding
+from recscale.sharding.topology import CALIBRATED
+from recscale.train import DLRMConfig
+from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
+
+# one rank per host (measured in this process), one dim, one pooling, memory + SSD-backed cache:
+# about a second
+TINY = CalibrationConfig(dims=(16,), poolings=(2,), batch_sizes=(64, 256), tables=2, rows=2000,
+                         cache_rows=5000, tiers=("memory", "ssd"), reps=1)
+ONE = Topology.preset("cpu-local", world_size=1)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    scratch = tmp_path_factory.mktemp("scratch")
+    return calibrate(ONE, dataclasses.replace(TINY, scratch_dir=str(scratch)))
+
+
+def test_calibration_output_round_trips_as_a_topology(calibrated, tmp_path):
+    topo = calibrated.topology
+    assert topo.calibrated and topo.name == "cpu-local-calibrated"
+    # timings vary; what is asserted is that every constant was written and the SSD tier exists
+    assert all(getattr(topo, k) >= 0 for k in CALIBRATED) and topo.dense_flops > 0
+    assert topo.ssd_bw > 0 and topo.ssd_bytes > 0 and "ssd" in topo.tiers
+    path = topo.save(tmp_path / "topology.yml")
+    assert Topology.load(path) == topo
+    # sharding.topology accepts the file; its world size follows the run's
+    cfg = ShardingConfig(topology=str(path))
+    assert cfg.topology_for(1) == topo
+    two = ShardingConfig(topology=str(path), local_world_size=2).topology_for(2)
+    assert (two.world_size, two.local_world_size, two.ddr_bytes) == (2, 2, topo.ddr_bytes / 2)
+    # a preset's dict (and so every plan made from a preset) has no measured-only keys
+    assert not set(CALIBRATED) & set(Topology.preset("zionex").to_dict())
+    assert set(calibrated.metrics()) >= {"calibration.memory.id_s", "calibration.ssd_cache.bw",
+                                         "calibration.dense.flops"}
+
+
+def test_a_plan_from_a_calibrated_topology_is_valid(calibrated):
+    topo = calibrated.topology.for_world(2, 2)
+    tables = [TableSpec(f"t{i}", 1000 * (i + 1), 16 if i % 2 else 128, 1.0 + i) for i in range(8)]
+    plan = plan_sharding(tables, topo, 256)
+    for tp, spec in zip(plan.tables, tables):
+        if tp.sharding_type == "data_parallel":
+            continue
+        cells = sum(s.row_length * s.col_length for s in tp.shards)
+        assert cells == spec.num_embeddings * spec.embedding_dim, tp.name
+    for r in plan.ranks:
+        for t in topo.tiers:
+            assert r.memory(t) <= topo.capacity(t)
+    # the plan carries the measured topology and reads back equal
+    from recscale.sharding import ShardingPlan
+
+    assert ShardingPlan.from_dict(plan.to_dict()).topology == topo
+
+
+def test_calibration_refuses_a_tier_whose_directory_cannot_be_written(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cfg = dataclasses.replace(TINY, scratch_dir=str(blocker / "tiers"))
+    with pytest.raises(CalibrationError, match=r"SSD-backed cache tier: its directory .*a_file/"
+                                               r"tiers' cannot be written"):
+        calibrate(ONE, cfg)
+    with pytest.raises(CalibrationError, match="device 'cuda'"):
+        calibrate(Topology.preset("zionex"), TINY)
+    from recscale.calibrate import calibrate_main
+
+    assert calibrate_main(["--scratch-dir", str(blocker / "x"), "--out",
+                           str(tmp_path / "t.yml"), "--progress", "off"]) == 2
+    assert not (tmp_path / "t.yml").exists()
+    with pytest.raises(ConfigError, match=r"sharding\.topology='nowhere' is not allowed"):
+        ShardingConfig(topology="nowhere")
+    with pytest.raises(ConfigError, match="topology file .*missing.yml' does not exist"):
+        ShardingConfig(topology=str(tmp_path / "missing.yml")).topology_for(2)
+
+
+def test_predicted_over_measured_step_time_reaches_mlflow(parquet_dataset, calibrated, tmp_path,
+                                                          monkeypatch):
+    import mlflow
+    from kedro_mlflow.io.metrics import MlflowMetricsHistoryDataset
+
+    from recscale.pipelines.sharding.nodes import plan_tables
+    from recscale.pipelines.training.nodes import train_model
+
+    cfg = parse(DLRMConfig, {
+        "model": {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]},
+        "train": {"batch_size_per_rank": 512, "progress": "off", "max_steps": 3,
+                  "checkpoint": {"dir": None}}}, "")
+    plan, *_ = plan_tables(parquet_dataset, cfg, {"topology": calibrated.topology.to_dict()})
+    assert plan["topology"]["name"] == "cpu-local-calibrated"
+    *_, metrics, _resolved, _figures, report = train_model(parquet_dataset, plan, cfg)
+    for key in ("rank0.step_ms.predicted", "rank0.compute_ms.predicted",
+                "rank0.step_ms.measured_over_predicted", "step_ms.measured_over_predicted"):
+        assert key in metrics
+    assert "step time per rank, predicted vs measured" in report
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    with mlflow.start_run() as run:
+        MlflowMetricsHistoryDataset(prefix="train").save(metrics)
+    got = mlflow.tracking.MlflowClient().get_run(run.info.run_id).data.metrics
+    assert got["train.step_ms.measured_over_predicted"] == pytest.approx(
+        metrics["step_ms.measured_over_predicted"]["value"])
+    assert got["train.rank0.comm_ms.predicted"] == pytest.approx(
+        metrics["rank0.comm_ms.predicted"]["value"])
