@@ -7,9 +7,10 @@ ranks; sharding types, tiers and caches unchanged).
 Each step works on the most loaded rank: the best single move of one of its shards to a rank with
 room (and no shard of the same table), else the best swap with a shard on one of the lightest
 ranks, else a 2-way re-partition of its shards and a light rank's by largest differencing
-(Karmarkar-Karp). It stops when none lowers the maximum, or after ``max_improve_iters`` steps
+(Karmarkar-Karp), else (with ``groups``, on more than one host) a host-bound group of the rank moved whole to
+another host or swapped with a host-bound group of another host (``_move_group``). It stops when none lowers the maximum, or after ``max_improve_iters`` steps
 (0: 8 x world_size + 200). Shards of groups spanning every rank never move; host-bound shards
-stay in their host.
+move between hosts only as a whole group.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .context import INF, PlanContext
 from .shards import Layout, Solution, summarize
 
 
-def improve(ctx: PlanContext, sol: Solution) -> Solution:
+def improve(ctx: PlanContext, sol: Solution, groups: bool = False) -> Solution:
     W = ctx.W
     if W < 2 or sol.layout.rank.size == 0:
         return sol
@@ -37,6 +38,7 @@ def improve(ctx: PlanContext, sol: Solution) -> Solution:
     movable = sizes < W
     iters = ctx.opts.max_improve_iters or (8 * W + 200)
     host_of = ctx.host_of
+    hosts = W // ctx.Lw
     idx_all = np.arange(lay.rank.size)
     for _ in range(iters):
         r = int(np.argmax(load))
@@ -70,6 +72,8 @@ def improve(ctx: PlanContext, sol: Solution) -> Solution:
             if _best_swap(ctx, lay, on_r, on_l, r, load, free, occ, tol):
                 continue
         if _kk_pair(ctx, lay, r, light[:4], load, free, occ, movable, tol):
+            continue
+        if groups and hosts > 1 and _move_group(ctx, lay, r, load, free, occ, tol):
             continue
         break
     return summarize(ctx, lay, sol.dp_tables, sol.dp_compute, sol.dp_comms, sol.dp_need,
@@ -183,3 +187,83 @@ def _ldm_two_way(values: np.ndarray, fixed_a: float, fixed_b: float) -> np.ndarr
     out = np.zeros(len(values), dtype=bool)
     out[[i for i in side_a if i >= 0]] = True
     return out
+
+
+def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> bool:
+    """Lower rank ``r`` by moving one of its host-bound groups (table_row_wise,
+    table_column_wise) whole to another host, or by swapping it with a host-bound group of
+    another host with as many shards. The host-level counterpart of the rank moves: the groups
+    of one host's hot tables, placed by memory, can leave that host's every rank above the rest.
+    Moves: the group's costliest shard to the destination's lightest rank with room (in
+    every tier). Swaps: the i-th shard (by rank) of one group takes the rank of the other's i-th.
+    The best candidate by the highest load it leaves on the ranks involved is applied if that
+    is below ``load[r]``; returns whether one was."""
+    Lw = ctx.Lw
+    host_of = ctx.host_of
+    Lr = load[r]
+    hb_groups = [(tab, s, e) for tab, s, e in lay.groups if lay.host_bound[s]]
+    mine = [g for g in hb_groups if (lay.rank[g[1]:g[2]] == r).any()]
+    if not mine:
+        return False
+    best: tuple[float, list[tuple[int, int]]] | None = None
+    for tab, s, e in mine:
+        h = int(host_of[lay.rank[s]])
+        ra = np.sort(lay.rank[s:e])
+        sa = s + np.argsort(lay.rank[s:e], kind="stable")
+        ca, na = lay.cost[sa], lay.need[sa]
+        # moves: to every other host, greedy by cost onto its lightest ranks with room
+        for h2 in range(len(load) // Lw):
+            if h2 == h:
+                continue
+            ranks = np.arange(h2 * Lw, (h2 + 1) * Lw)
+            f = free[:, ranks].copy()
+            ld = load[ranks].copy()
+            used = np.zeros(Lw, dtype=bool)
+            moves = []
+            for i in np.lexsort((np.arange(e - s), -ca)):
+                ok = ~used & np.all(f >= na[i][:, None] - 1e-6, axis=0)
+                if not ok.any():
+                    break
+                j = int(np.flatnonzero(ok)[np.argmin(ld[ok])])
+                used[j] = True
+                f[:, j] -= na[i]
+                ld[j] += ca[i]
+                moves.append((int(sa[i]), int(ranks[j])))
+            else:
+                left = load[ra] - ca
+                worst = max(float(left.max()), float(ld.max()))
+                if worst < Lr - tol and (best is None or worst < best[0]):
+                    best = (worst, moves)
+        # swaps with a host-bound group of another host with as many shards
+        for tab2, s2, e2 in hb_groups:
+            if e2 - s2 != e - s or int(host_of[lay.rank[s2]]) == h:
+                continue
+            rb = np.sort(lay.rank[s2:e2])
+            sb = s2 + np.argsort(lay.rank[s2:e2], kind="stable")
+            cb, nb = lay.cost[sb], lay.need[sb]
+            if (occ[tab2, ra] > 0).any() or (occ[tab, rb] > 0).any():
+                continue  # never, for host-bound groups in different hosts; kept for safety
+            if not (np.all(free[:, ra] + (na - nb).T >= -1e-6)
+                    and np.all(free[:, rb] + (nb - na).T >= -1e-6)):
+                continue
+            worst = max(float((load[ra] - ca + cb).max()), float((load[rb] - cb + ca).max()))
+            if worst < Lr - tol and (best is None or worst < best[0]):
+                best = (worst, [(int(x), int(q)) for x, q in zip(sa, rb)]
+                        + [(int(x), int(q)) for x, q in zip(sb, ra)])
+    if best is None:
+        return False
+    moves = best[1]
+    # apply in two steps (all out, then all in) so a swap never sees a half-moved state
+    for sh, _ in moves:
+        q0 = int(lay.rank[sh])
+        c = lay.compute[sh] + lay.comms[sh]
+        load[q0] -= c
+        free[:, q0] += lay.need[sh]
+        occ[lay.table[sh], q0] -= 1
+    for sh, q in moves:
+        c = lay.compute[sh] + lay.comms[sh]
+        load[q] += c
+        free[:, q] -= lay.need[sh]
+        occ[lay.table[sh], q] += 1
+        lay.rank[sh] = q
+    return True

@@ -26,7 +26,14 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    the load placement can still move, plus all tables whole); ``proposals.split_dominant`` refines
    the two best by splitting the costliest table on the ranks above the mean and re-placing while
    the maximum drops;
-7. if no start packs, everything is retried with a lower aggregate fill (more spilled).
+7. on more than one host, the best plan's host-bound groups (table_row_wise, table_column_wise)
+   are moved whole between hosts or swapped (``local_search.improve(groups=True)``); then
+   ``_promote`` decides tier and splitting together: the costliest shard on the slowest rank that
+   sits below the compute tier and cannot spread over every rank (say a hot table that placement
+   demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
+   spread over every rank move one tier down to make room, and steps 3-7 run once more on those
+   tiers; the better plan is kept;
+8. if no start packs, everything is retried with a lower aggregate fill (more spilled).
 
 Baselines (``strategy``): "greedy" and "round_robin" place whole tables (row-wise only for tables
 too large for one rank) by LPT or in table order, with the same cost model, tiers and capacities,
@@ -54,6 +61,9 @@ from .types import PlannerError, PlannerOptions
 # per-rank packing of shards of different sizes; if packing still fails, planning is retried with
 # the next, lower fill (more spilled to lower tiers).
 TIER_FILLS = (0.95, 0.85, 0.7)
+# Rounds of ``_promote`` (a slow-tier table that cannot spread, one tier up; tables that spread
+# over every rank, down) after the search, each a full search on the new tiers.
+RETIER_ROUNDS = 1
 
 
 def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
@@ -94,7 +104,8 @@ def _fractions(opts: PlannerOptions) -> tuple[float, ...]:
     return opts.split_fractions if opts.strategy == "balanced" else (1.0,)
 
 
-def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment) -> Solution:
+def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
+               retier: int = RETIER_ROUNDS) -> Solution:
     prices = price_options(ctx, tiers.tier, tiers.cache)
     results: list[tuple[Solution, np.ndarray]] = []
     tried: list[np.ndarray] = []
@@ -140,7 +151,67 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment) -> So
                                  lambda ch, dp=dp: _place(ctx, ch, dp, tiers))
             if better(sol, best):
                 best = sol
+    if balanced and ctx.W > ctx.Lw:
+        # host-bound groups whole between hosts, on the final plan only (so every plan the
+        # search compared is the one it compared before, and this can only lower the maximum)
+        best = improve(ctx, best, groups=True)
+    if balanced and retier > 0 and ctx.W > ctx.Lw:
+        new_tiers = _promote(ctx, tiers, best)
+        if new_tiers is not None:
+            try:
+                sol = _partition(ctx, is_dp, new_tiers, retier - 1)
+            except PlannerError:
+                sol = None
+            if sol is not None and better(sol, best):
+                best = sol
     return best
+
+
+def _promote(ctx: PlanContext, tiers: TierAssignment, sol: Solution) -> TierAssignment | None:
+    """Tiers and splitting together: the tiers of ``sol`` (as placed, demotions included) with
+    the table of the costliest shard on the slowest rank that sits below the compute tier and
+    cannot spread over every rank (a table-wise, column-wise or host-bound group) one tier up,
+    and, to make room there, tables of that tier whose groups span every rank one tier down
+    (least added lookup seconds per byte first, until their bytes cover the promoted table's).
+    Their added cost falls evenly on all ranks; the promoted table's saving falls on the slowest.
+    None when there is no such table or not enough to demote."""
+    lay = sol.layout
+    W = ctx.W
+    tier = tiers.tier.copy()
+    span = np.zeros(ctx.n, dtype=bool)
+    for tab, s, e in lay.groups:
+        tier[tab] = lay.tier[s]
+        span[tab] = e - s >= W
+    r = int(np.argmax(sol.load))
+    on_r = np.flatnonzero((lay.rank == r) & (lay.tier != ctx.ct) & ~span[lay.table])
+    if on_r.size == 0:
+        return None
+    s = int(on_r[np.lexsort((on_r, -lay.cost[on_r]))][0])
+    tab = int(lay.table[s])
+    up = [a for a in ctx.avail if a < int(lay.tier[s])]
+    if not up:
+        return None
+    to = up[-1]
+    t, m = ctx.tables, ctx.model
+    storage = m.storage_bytes(t.N, t.D)
+    cand = np.flatnonzero((tier == to) & span & (t.pinned < 0))
+    down = [a for a in ctx.avail if a > to]
+    if cand.size == 0 or not down or int(t.pinned[tab]) >= 0:
+        return None
+    lookup = m.B * W * t.F * t.L * (3 * t.D * m.wb + 2 * (m.opt_row + m.opt_elem * t.D))
+    c = tiers.cache_fraction
+    added = lookup * (m.seconds_per_byte(np.full(ctx.n, down[0]), np.full(ctx.n, c))
+                      - m.seconds_per_byte(np.full(ctx.n, to), np.full(ctx.n, c if to != ctx.ct
+                                                                            else 0.0)))
+    order = cand[np.lexsort((cand, added[cand] / storage[cand]))]
+    freed = np.cumsum(storage[order])
+    k = int(np.searchsorted(freed, storage[tab]))
+    if k >= order.size:
+        return None
+    tier[order[: k + 1]] = down[0]
+    tier[tab] = to
+    return TierAssignment(tier, tiers.cache_fraction,
+                          np.where(tier != ctx.ct, tiers.cache_fraction, 0.0))
 
 
 def _place(ctx: PlanContext, choice: np.ndarray, is_dp: np.ndarray,
