@@ -138,12 +138,15 @@ def make_spark_session(cfg: SparkConfig | None = None):
     check_master_reachable(cfg.master, timeout_s=min(5.0, cfg.start_timeout_s))
     from pyspark.sql import SparkSession
 
+    # Python workers run this interpreter (pyspark reads the variable when the context starts;
+    # workers on other hosts need the same path, or PYSPARK_PYTHON set there)
+    os.environ.setdefault("PYSPARK_PYTHON", _python())
     log4j = f"-Dlog4j2.configurationFile=file:{_log4j2_file(cfg.log_level)}"
     defaults = {"spark.ui.showConsoleProgress": "false",
                 "spark.driver.extraJavaOptions": log4j,
                 "spark.executor.extraJavaOptions": log4j,
                 "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
-                "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON") or _python()}
+                "spark.pyspark.python": os.environ["PYSPARK_PYTHON"]}
     conf = {**defaults, **{k: str(v) for k, v in cfg.conf.items()}}
     builder = SparkSession.builder.master(cfg.master).appName(cfg.app_name)
     for k, v in conf.items():
