@@ -351,7 +351,10 @@ def preprocess_criteo_spark(
         if vocab is None:
             parsed = parsed.withColumns({c: F.pmod(F.col(c), F.lit(int(t)))
                                          for c, t in zip(SPARSE_NAMES, table_sizes)})
-        for r in parsed.mapInArrow(writer, _RESULT_SCHEMA).collect():
+        with warnings.catch_warnings():  # pyspark's pandas-version warning; no pandas used
+            warnings.simplefilter("ignore", FutureWarning)
+            parts = parsed.mapInArrow(writer, _RESULT_SCHEMA)
+        for r in parts.collect():
             results.append(_FileResult(
                 index=int(r["blk"]),
                 split_files={s: tuple(v) for s, v in json.loads(r["split_files"]).items()},

@@ -141,6 +141,8 @@ def make_spark_session(cfg: SparkConfig | None = None):
     # Python workers run this interpreter (pyspark reads the variable when the context starts;
     # workers on other hosts need the same path, or PYSPARK_PYTHON set there)
     os.environ.setdefault("PYSPARK_PYTHON", _python())
+    if cfg.master.startswith("local"):  # one host: bind to loopback, no "resolves to" warning
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log4j = f"-Dlog4j2.configurationFile=file:{_log4j2_file(cfg.log_level)}"
     defaults = {"spark.ui.showConsoleProgress": "false",
                 "spark.driver.extraJavaOptions": log4j,
