@@ -11,14 +11,17 @@ the loader and trainer cannot tell which engine ran. The work is Spark SQL (no p
 2. Line checks (empty, stray bytes, field count) and value checks (label, 13 integers, 26 8-hex
    ids), each with the pyarrow reader's reason text (Python ``repr`` of the value included) and
    the same precedence (the first bad column in file order). Dense: log1p(max(x, 0)) in double,
-   then float; ids: ``conv(hex, 16, 10)``, hashed into the tables with ``pmod``.
-3. ``ids: vocab``: per-feature counts over the training rows (explode + group by), ids under
-   ``min_count`` dropped in Spark; the rest go to the driver, where :func:`build_vocabulary` (the
-   same code as the pyarrow engine) orders and caps them. The vocabulary reaches the tasks as a
-   broadcast variable and is applied in step 4 with the pyarrow engine's vectorised lookup.
-4. Each task writes its blocks' parts with the pyarrow engine's writer (``mapInArrow``, one Arrow
-   batch at a time): ``<split>/part-<block>.parquet`` in row order with row groups of exactly
-   ``row_group_size`` (the last of each part may be short) and ``rejects/part-<block>.tsv``. The
+   then float. Ids stay checked, lower-case hex strings here.
+3. ``ids: vocab``: per-feature counts over the training rows (explode + group by on the hex
+   strings), ids under ``min_count`` dropped in Spark; the rest go to the driver, where
+   :func:`build_vocabulary` (the same code as the pyarrow engine) orders and caps them. The
+   vocabulary reaches the tasks as a broadcast variable.
+4. Each task writes its blocks' parts with the pyarrow engine's code (``mapInArrow``, one Arrow
+   batch at a time, vectorised; never a Python call per row): hex ids decoded with the pyarrow
+   reader's lookup table (Spark's ``conv`` costs about 5 us a value, more than the rest of the
+   parse together), mapped to rows by ``map_ids`` (hash or vocabulary), written by its split
+   writer: ``<split>/part-<block>.parquet`` in row order with row groups of exactly
+   ``row_group_size`` (the last of each part may be short), and ``rejects/part-<block>.tsv``. The
    driver merges the rejects and writes the manifest with the pyarrow engine's code.
 
 Parts are per input block here and per input file there; the rows, their order and split
@@ -46,6 +49,7 @@ from recscale.data.criteo import (
     NUM_SPARSE,
     SPARSE_NAMES,
     RejectLog,
+    _parse_hex,
 )
 from recscale.data.preprocess import (
     SPLITS,
@@ -161,7 +165,7 @@ def _parse(F, located):
                     .otherwise(F.log1p(F.greatest(x, F.lit(0)).cast("double")))
                     .cast("float").alias(c))
     for c in SPARSE_NAMES:
-        cols.append(F.when(~bad, F.conv(F.col(c), 16, 10).cast("long")).alias(c))
+        cols.append(F.when(~bad, F.lower(F.col(c))).alias(c))
     return df.select(*cols)
 
 
@@ -170,22 +174,22 @@ def _count_ids(F, parsed, train_end: int, cfg: PreprocessConfig,
     """Per-feature id counts over the training rows; ids under min_count (and not already in the
     vocabulary) are dropped in Spark, the rest collected."""
     pairs = (parsed.where(F.col("reason").isNull() & (F.col("row") < train_end))
-             .select(F.explode(F.array(*[F.struct(F.lit(j).alias("f"), F.col(c).alias("id"))
+             .select(F.explode(F.array(*[F.struct(F.lit(j).alias("f"), F.col(c).alias("hex"))
                                          for j, c in enumerate(SPARSE_NAMES)])).alias("p"))
-             .select("p.f", "p.id").where(F.col("id").isNotNull()))
-    counts = pairs.groupBy("f", "id").agg(F.count(F.lit(1)).alias("n"))
+             .select("p.f", "p.hex").where(F.col("hex").isNotNull()))
+    counts = pairs.groupBy("f", "hex").agg(F.count(F.lit(1)).alias("n"))
     keep = F.col("n") >= cfg.vocab.min_count
     if existing is not None and any(len(a) for a in existing.ids):
         spark = parsed.sparkSession
         known = spark.createDataFrame(
-            [(j, int(i)) for j, a in enumerate(existing.ids) for i in a], "f int, id long") \
-            .withColumn("known", F.lit(True))
-        counts = counts.join(F.broadcast(known), ["f", "id"], "left")
+            [(j, f"{int(i):08x}") for j, a in enumerate(existing.ids) for i in a],
+            "f int, hex string").withColumn("known", F.lit(True))
+        counts = counts.join(F.broadcast(known), ["f", "hex"], "left")
         keep = keep | F.col("known").isNotNull()
-    table = counts.where(keep).select("f", "id", "n").toArrow()
+    table = counts.where(keep).select("f", "hex", "n").toArrow()
     counter = IdCounter()
     f = table.column("f").to_numpy()
-    ids = table.column("id").to_numpy()
+    ids = _parse_hex(table.column("hex"), table.num_rows)[0].astype(np.int64)
     n = table.column("n").to_numpy()
     for j in range(NUM_SPARSE):
         sel = f == j
@@ -257,9 +261,8 @@ def _part_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_si
                     continue
                 sparse = [good.column(c) for c in SPARSE_NAMES]
                 present = np.stack([a.is_valid().to_numpy(zero_copy_only=False) for a in sparse], 1)
-                ids = np.stack([a.fill_null(0).to_numpy() for a in sparse], 1)
-                if vocab is not None:  # hash mode: already rows (pmod in Spark SQL)
-                    ids = map_ids(ids, table_sizes, vocab)
+                raw_ids = np.stack([_parse_hex(a, good.num_rows)[0] for a in sparse], 1)
+                ids = map_ids(raw_ids, table_sizes, vocab)
                 state["present"] += present.sum(axis=0)
                 state["written"] += good.num_rows
                 cols = [good.column("row"), good.column("label")]
@@ -348,9 +351,6 @@ def preprocess_criteo_spark(
         sources = {b["blk"]: files[b["file"]] for b in blocks}
         writer = _part_writer(str(out.resolve()), sources, bounds, table_sizes, vocab_bc, cfg)
         parsed = _parse(F, located)
-        if vocab is None:
-            parsed = parsed.withColumns({c: F.pmod(F.col(c), F.lit(int(t)))
-                                         for c, t in zip(SPARSE_NAMES, table_sizes)})
         with warnings.catch_warnings():  # pyspark's pandas-version warning; no pandas used
             warnings.simplefilter("ignore", FutureWarning)
             parts = parsed.mapInArrow(writer, _RESULT_SCHEMA)
