@@ -127,9 +127,11 @@ def _number_blocks(blocks: list[dict], n_files: int) -> list[int]:
 
 def _parse(F, located):
     """Lines with blk, line, row -> the checked, typed columns and the reject reason (or null)."""
-    v = F.col("value")
-    fields = F.split(v, "\t", -1)
-    nf = F.size(fields)
+    # one projection per step, each computing its columns once (Spark does not collapse a
+    # projection into the next when that would evaluate an expensive expression twice)
+    df = located.select("blk", "line", "row", "value",
+                        F.split(F.col("value"), "\t", -1).alias("f"))
+    v, nf = F.col("value"), F.size(F.col("f"))
     line_reason = (F.when(v == "", F.lit("empty line"))
                    .when(v.rlike(r"[^\t\x20-\x7e]"),
                          F.lit("bad byte: non-printable or non-ASCII character"))
@@ -137,10 +139,8 @@ def _parse(F, located):
                          F.concat(F.lit(f"field count: expected {NUM_FIELDS} tab-separated fields, "
                                         "found "), nf.cast("string"))))
     # fields as strings, null where empty (the pyarrow reader's null_values=[""])
-    df = located.select("blk", "line", "row", "value", line_reason.alias("line_reason"),
-                        F.array(*[F.get(fields, i) for i in range(NUM_FIELDS)]).alias("f"))
-    df = df.select("blk", "line", "row", "value", "line_reason",
-                   *[F.nullif(F.col("f")[i], F.lit("")).alias(c)
+    df = df.select("blk", "line", "row", "value", line_reason.alias("line_reason"),
+                   *[F.nullif(F.get(F.col("f"), i), F.lit("")).alias(c)
                      for i, c in enumerate(COLUMN_NAMES)])
     # the first bad column in file order, as the pyarrow reader reports it
     checks = [F.col("label").isNull() | ~F.col("label").isin("0", "1")]
