@@ -55,3 +55,17 @@ def test_an_unknown_key_in_spark_yml_is_named(tmp_path):
             _context(tmp_path / "2", "conf:\n  sql.shuffle.partitions: 2\n"))
     with pytest.raises(ConfigError, match=r"master='spark:/host' is not allowed"):
         SparkHooks().after_context_created(_context(tmp_path / "3", "master: spark:/host\n"))
+
+
+def test_an_environment_without_spark_yml_starts_no_spark(tmp_path):
+    conf = tmp_path / "conf"
+    (conf / "base").mkdir(parents=True)
+    (conf / "test").mkdir()
+
+    class Context:
+        env = "test"
+        config_loader = OmegaConfigLoader(str(conf), base_env="base", default_run_env="test")
+
+    hooks = SparkHooks()
+    hooks.after_context_created(Context())
+    assert hooks.spark is None
