@@ -7,7 +7,7 @@ export DO_NOT_TRACK := true
 export KEDRO_DISABLE_TELEMETRY := true
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: install system-packages run test test-fast lint bench torchrec clean
+.PHONY: install system-packages run test test-fast lint bench bench-preprocess torchrec clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,18 +16,22 @@ $(BIN)/python:
 # torch==2.13.0 must be installed before fbgemm-gpu-cpu so pip never pulls a CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[$(FBGEMM_EXTRA),dev]'
+	$(BIN)/python -m pip install -e '.[$(FBGEMM_EXTRA),dev,spark]'
 	touch $@
 
 install: $(VENV)/.installed
 
-# Debian packages some tests use (headless Chromium); skipped with a warning where they cannot
-# be installed (see scripts/system_packages.sh)
+# Debian packages some tests use (headless Chromium) and Spark needs (Java 17); skipped with a
+# warning where they cannot be installed (see scripts/system_packages.sh, scripts/java.sh)
 system-packages:
 	@bash scripts/system_packages.sh
+	@bash scripts/java.sh
 
 run: install
 	$(BIN)/kedro run --pipelines=dlrm
+
+bench-preprocess: install system-packages
+	nice -n 5 $(BIN)/python benchmarks/bench_preprocess.py
 
 test: install system-packages
 	$(BIN)/python -m pytest

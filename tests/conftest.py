@@ -36,3 +36,25 @@ def parquet_dataset(synthetic_tsv, tmp_path_factory):
     out = tmp_path_factory.mktemp("parquet")
     preprocess_criteo([rep.path], out, PreprocessConfig(row_group_size=5000), rep.cardinalities)
     return load_manifest(out)
+
+
+# Spark settings for tests: two cores, small partitions and blocks (so numbering across input
+# blocks is exercised), no UI
+SPARK_TEST_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.sql.files.maxPartitionBytes": "65536",
+    "spark.sql.files.openCostInBytes": "0",
+    "spark.driver.memory": "1g",
+}
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession shared by every Spark test (a JVM start costs seconds)."""
+    from recscale.data.spark_session import SparkConfig, make_spark_session
+
+    session = make_spark_session(SparkConfig(master="local[2]", conf=SPARK_TEST_CONF))
+    yield session
+    session.stop()

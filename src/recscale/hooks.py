@@ -1,7 +1,7 @@
 """Project hooks: check the MLflow store before anything runs; quiet third-party loggers; tag
 each MLflow run with its Kedro environment, the pipeline and the ``--params`` given on the command
 line, and name it after them, so sweeps over environments and ``--params`` loops line up side by
-side in the MLflow UI."""
+side in the MLflow UI; start the SparkSession an environment's ``spark.yml`` describes."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from kedro.framework.hooks import hook_impl
 
-from recscale.config import flatten
+from recscale.config import flatten, parse
 
 
 class TrackingStoreUnreachable(RuntimeError):
@@ -120,3 +120,44 @@ class TrackingStoreCheck:
         check_tracking_store(uri)
         logging.getLogger(__name__).debug("MLflow store %s reachable (%.2f s)", uri,
                                           time.perf_counter() - t0)
+
+
+class SparkHooks:
+    """Kedro's way to Spark: when the environment has a ``spark.yml`` (``conf/spark``), parse it
+    into ``recscale.data.spark_session.SparkConfig`` (an unknown key fails naming it) and start the
+    SparkSession before the pipeline runs; the Spark preprocessing engine uses the active session.
+    Environments without ``spark.yml`` never import pyspark."""
+
+    def __init__(self) -> None:
+        self.spark = None
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        from kedro.config import MissingConfigException
+
+        loader = context.config_loader
+        if "spark" not in loader.config_patterns:
+            loader.config_patterns.update({"spark": ["spark*", "spark*/**"]})
+        try:
+            conf = loader["spark"]
+        except MissingConfigException:
+            return
+        if not conf:
+            return
+        from recscale.data.spark_session import SparkConfig, make_spark_session
+
+        cfg = parse(SparkConfig, conf, f"spark (conf/{context.env or 'local'}/spark.yml)")
+        self.spark = make_spark_session(cfg)
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._stop()
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
+            self.spark = None

@@ -4,14 +4,14 @@ import warnings
 
 from kedro.config import OmegaConfigLoader
 
-from recscale.hooks import RecscaleHooks, TrackingStoreCheck
+from recscale.hooks import RecscaleHooks, SparkHooks, TrackingStoreCheck
 
 # Kedro 1.7 and kedro-mlflow call omegaconf's register_new_resolver, deprecated in the omegaconf
 # they install; nothing a user of this project can act on
 warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated",
                         category=UserWarning)
 
-HOOKS = (TrackingStoreCheck(), RecscaleHooks())
+HOOKS = (TrackingStoreCheck(), RecscaleHooks(), SparkHooks())
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {

@@ -220,6 +220,7 @@ def _parse_block(buf: bytes, first_line: int, source: str, rejects: RejectLog) -
     def text(i: int) -> bytes:
         return bytes(b[starts[i] : nl[i]])
 
+    found: list[tuple[int, str, bytes]] = []  # (line, reason, text): recorded in line order
     for i in np.flatnonzero(~ok):
         if empty[i]:
             reason = "empty line"
@@ -227,9 +228,10 @@ def _parse_block(buf: bytes, first_line: int, source: str, rejects: RejectLog) -
             reason = "bad byte: non-printable or non-ASCII character"
         else:
             reason = f"field count: expected {NUM_FIELDS} tab-separated fields, found {n_tabs[i] + 1}"
-        rejects.add(source, int(lines[i]), reason, text(i))
+        found.append((int(lines[i]), reason, text(i)))
 
     if not ok.any():
+        _record(rejects, source, found)
         return _empty_block()
     if ok.all():
         good_buf = buf
@@ -282,7 +284,8 @@ def _parse_block(buf: bytes, first_line: int, source: str, rejects: RejectLog) -
             reason = f"{name}: not an integer: {value!r}"
         else:
             reason = f"{name}: not an 8-digit hex id: {value!r}"
-        rejects.add(source, int(lines[good_idx[r]]), reason, text(int(good_idx[r])))
+        found.append((int(lines[good_idx[r]]), reason, text(int(good_idx[r]))))
+    _record(rejects, source, found)
     return CriteoBlock(
         line=lines[good_idx][keep],
         label=label[keep],
@@ -291,6 +294,13 @@ def _parse_block(buf: bytes, first_line: int, source: str, rejects: RejectLog) -
         sparse=sparse[keep],
         sparse_present=sparse_present[keep],
     )
+
+
+def _record(rejects: RejectLog, source: str, found: list[tuple[int, str, bytes]]) -> None:
+    """A chunk's rejected lines in line order (whichever check caught them), so the rejects file
+    reads in input order whatever the chunk size or engine."""
+    for line, reason, text in sorted(found, key=lambda f: f[0]):
+        rejects.add(source, line, reason, text)
 
 
 def _empty_block() -> CriteoBlock:

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from recscale.config import to_dict
+from recscale.config import ConfigError, to_dict
 from recscale.data.criteo import (
     DENSE_NAMES,
     NUM_SPARSE,
@@ -232,6 +232,9 @@ def preprocess_multihot(
     with list columns, the manifest and ``rejects.tsv`` (file, 1-based row in its file, reason).
     Rows written + rows rejected = rows read; more than ``cfg.max_reject_fraction`` rejected
     raises RejectedRowsError."""
+    if cfg.engine != "pyarrow" or cfg.ids != "hash":
+        raise ConfigError(f"multi-hot input is preprocessed with preprocess.engine='pyarrow' and "
+                          f"preprocess.ids='hash' only (got engine={cfg.engine!r}, ids={cfg.ids!r})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*/part-*.parquet"):

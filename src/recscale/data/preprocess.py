@@ -1,8 +1,11 @@
 """Criteo TSV -> parquet splits ready for training.
 
-Dense counts: missing -> 0, negatives clamped to 0, then log1p (float32). Categorical 8-hex ids:
-the 32-bit id modulo the feature's table size (int64; a missing id stays null and becomes an empty
-bag in the batch). Rows keep their global row number (``row``: 0-based over the input files, in
+Dense counts: missing -> 0, negatives clamped to 0, then log1p (float32). Categorical 8-hex ids
+(``ids``): ``hash``, the 32-bit id modulo the feature's table size, or ``vocab``, the id's row in a
+frequency-thresholded vocabulary built from the training rows (``recscale.data.vocab``; tables
+sized from it). Either way int64; a missing id stays null and becomes an empty bag in the batch.
+Two engines write the same splits (``engine``): ``pyarrow`` (worker processes on this host, here)
+and ``spark`` (``recscale.data.spark_preprocess``, on any Spark cluster). Rows keep their global row number (``row``: 0-based over the input files, in
 order), so every row of the output traces back to a line of the input and the splits can be
 audited. Splits follow row order (Criteo convention: later rows are later in time).
 """
@@ -14,14 +17,15 @@ import logging
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recscale.config import Validated, check, to_dict
+from recscale.config import ConfigError, Validated, check, check_choice, to_dict
 from recscale.data.criteo import (
     DENSE_NAMES,
     NUM_SPARSE,
@@ -31,6 +35,14 @@ from recscale.data.criteo import (
     RejectLog,
     count_lines,
     read_criteo_tsv,
+)
+from recscale.data.vocab import (
+    VOCAB_NAME,
+    IdCounter,
+    VocabConfig,
+    Vocabulary,
+    build_vocabulary,
+    load_vocabulary,
 )
 
 log = logging.getLogger(__name__)
@@ -60,6 +72,11 @@ class PreprocessConfig(Validated):
     workers: int = 1  # input files processed in parallel (separate processes)
     # multi-hot input: a row whose bag holds more ids than this is rejected
     max_bag_size: int = 256
+    # pyarrow: worker processes on this host; spark: the SparkSession's cluster (spark.yml)
+    engine: Literal["pyarrow", "spark"] = "pyarrow"
+    # hash: id modulo the table size; vocab: frequency-thresholded vocabulary (``vocab`` block)
+    ids: Literal["hash", "vocab"] = "hash"
+    vocab: VocabConfig = field(default_factory=VocabConfig)
 
     def validate(self, prefix: str = "preprocess") -> None:
         if self.table_sizes is not None:
@@ -78,6 +95,11 @@ class PreprocessConfig(Validated):
               self.compression, "one of zstd, snappy, gzip, none")
         check(self.workers >= 1, f"{prefix}.workers", self.workers, ">= 1")
         check(self.max_bag_size >= 1, f"{prefix}.max_bag_size", self.max_bag_size, ">= 1")
+        check_choice(f"{prefix}.engine", self.engine, ("pyarrow", "spark"))
+        check_choice(f"{prefix}.ids", self.ids, ("hash", "vocab"))
+        if self.ids == "vocab" and self.table_sizes is not None:
+            raise ConfigError(f"{prefix}.table_sizes={list(self.table_sizes)} cannot be used with "
+                              f"{prefix}.ids='vocab': the vocabulary sizes the tables (set it to null)")
 
     def resolve_table_sizes(self, hint: Sequence[int] | None = None) -> tuple[int, ...]:
         if self.table_sizes is not None:
@@ -95,11 +117,20 @@ def parquet_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray) -> pa.Table:
+def map_ids(sparse: np.ndarray, table_sizes: np.ndarray, vocab: Vocabulary | None) -> np.ndarray:
+    """Raw 32-bit ids [n, 26] -> embedding rows: hashed into the tables, or looked up in ``vocab``."""
+    if vocab is None:
+        return sparse.astype(np.int64) % table_sizes[None, :]
+    return np.stack([vocab.lookup(j, sparse[:, j]) for j in range(sparse.shape[1])], axis=1) \
+        if len(sparse) else np.zeros(sparse.shape, np.int64)
+
+
+def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray,
+                    vocab: Vocabulary | None = None) -> pa.Table:
     """Parsed rows -> model-ready columns (see module docstring)."""
     dense = np.log1p(np.maximum(block.dense, 0).astype(np.float64)).astype(np.float32)
     dense[~block.dense_present] = 0.0
-    ids = block.sparse.astype(np.int64) % table_sizes[None, :]
+    ids = map_ids(block.sparse, table_sizes, vocab)
     cols = [pa.array(block.line - 1 + row_offset), pa.array(block.label)]
     cols += [pa.array(dense[:, j]) for j in range(dense.shape[1])]
     cols += [pa.array(ids[:, j], mask=~block.sparse_present[:, j]) for j in range(NUM_SPARSE)]
@@ -164,6 +195,7 @@ class PreprocessReport:
     split_rows: dict
     table_sizes: tuple[int, ...]
     pooling_factors: tuple[float, ...]
+    vocabulary_path: str | None = None
 
     def to_dict(self) -> dict:
         return to_dict(self)
@@ -180,8 +212,8 @@ class _FileResult:
 
 
 def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, total: int,
-                     table_sizes: np.ndarray, cfg: PreprocessConfig, out: Path,
-                     progress: Callable[[int, int], None] | None = None) -> _FileResult:
+                     table_sizes: np.ndarray, vocab: Vocabulary | None, cfg: PreprocessConfig,
+                     out: Path, progress: Callable[[int, int], None] | None = None) -> _FileResult:
     """One input file -> its part of each split (``<split>/part-<index>.parquet``), streaming."""
     try:  # hand freed chunk memory back at once, so peak RSS tracks the chunk, not the file
         pa.jemalloc_set_decay_ms(0)
@@ -195,7 +227,7 @@ def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, tot
     written = 0
     try:
         for block in read_criteo_tsv(path, rejects, cfg.chunk_bytes):
-            table = transform_block(block, offset, table_sizes)
+            table = transform_block(block, offset, table_sizes, vocab)
             rows = block.line - 1 + offset
             present += block.sparse_present.sum(axis=0)
             written += len(block)
@@ -246,32 +278,82 @@ def _merge_rejects(out: Path, rejects_path: Path) -> None:
             os.remove(part_path)
 
 
+def prepare_output(out_dir: str | os.PathLike) -> Path:
+    """The output folder, without parts of an earlier run (a rerun must not mix them in)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in list(out.glob("*/part-*.parquet")) + list(out.glob("rejects/part-*.tsv")):
+        stale.unlink()
+    return out
+
+
+def split_bounds(total: int, splits: Sequence[float]) -> np.ndarray:
+    """First row past each split (train, validation, test), in row order."""
+    bounds = np.floor(np.cumsum(splits) * total + 1e-9).astype(np.int64)
+    bounds[-1] = total
+    return bounds
+
+
+def resolve_vocabulary(counter: IdCounter, cfg: PreprocessConfig, out: Path) -> tuple[Vocabulary, str]:
+    """Counts of the training rows -> the vocabulary (grown from ``cfg.vocab.path`` if given),
+    saved as ``out/vocabulary.parquet``."""
+    existing = load_vocabulary(cfg.vocab.path) if cfg.vocab.path else None
+    vocab = build_vocabulary(counter, cfg.vocab, existing)
+    path = vocab.save(out / VOCAB_NAME)
+    log.info("vocabulary: %d ids over %d features (min_count=%d, max_size=%s%s) -> %s",
+             sum(len(a) for a in vocab.ids), len(vocab.ids), cfg.vocab.min_count,
+             cfg.vocab.max_size, f", grown from {cfg.vocab.path}" if existing else "", path)
+    return vocab, path
+
+
+def _count_train_ids(files: Sequence[str | os.PathLike], offsets: np.ndarray, train_end: int,
+                     chunk_bytes: int) -> IdCounter:
+    """Per-feature id counts over the rows before ``train_end`` (rejected lines count nothing)."""
+    counter = IdCounter()
+    for f, offset in zip(files, offsets):
+        if offset >= train_end:
+            break
+        quiet = RejectLog(path=None, max_fraction=1.0)  # the main pass records the rejects
+        for block in read_criteo_tsv(f, quiet, chunk_bytes):
+            keep = block.line - 1 + offset < train_end
+            counter.add(block.sparse[keep], block.sparse_present[keep])
+    return counter
+
+
 def preprocess_criteo(
     files: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
     cfg: PreprocessConfig,
     table_size_hint: Sequence[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    spark=None,
 ) -> PreprocessReport:
     """Read Criteo TSV ``files`` (in time order, e.g. one per day) and write the parquet splits
-    under ``out_dir``, ``cfg.workers`` files at a time in separate processes.
+    under ``out_dir``, ``cfg.workers`` files at a time in separate processes (``engine: pyarrow``)
+    or on Spark (``engine: spark``; ``spark``: the SparkSession, else one from the defaults).
 
     Memory is bounded per worker by the chunk size, whatever the file sizes. Raises
     RejectedRowsError when more than ``cfg.max_reject_fraction`` of the lines cannot be parsed;
     every rejected line is listed in ``out_dir/rejects.tsv`` with its reason either way.
     ``progress(lines_done, lines_total)`` is called as work completes.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("*/part-*.parquet")) + list(out.glob("rejects/part-*.tsv")):
-        stale.unlink()  # a rerun must not mix in parts of an earlier one
-    table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
+    if cfg.engine == "spark":
+        from recscale.data.spark_preprocess import preprocess_criteo_spark
+
+        return preprocess_criteo_spark(files, out_dir, cfg, table_size_hint, progress, spark=spark)
+    out = prepare_output(out_dir)
     line_counts = [count_lines(f) for f in files]
     total = int(sum(line_counts))
-    bounds = np.floor(np.cumsum(cfg.splits) * total + 1e-9).astype(np.int64)
-    bounds[-1] = total
+    bounds = split_bounds(total, cfg.splits)
     offsets = np.concatenate([[0], np.cumsum(line_counts)[:-1]]).astype(np.int64)
-    jobs = [(i, str(f), int(o), bounds, total, table_sizes, cfg, out)
+    vocab, vocab_path = None, None
+    if cfg.ids == "vocab":
+        counter = _count_train_ids(files, offsets, int(bounds[0]), cfg.chunk_bytes)
+        vocab, vocab_path = resolve_vocabulary(counter, cfg, out)
+        table_sizes = np.asarray(vocab.table_sizes, dtype=np.int64)
+    else:
+        table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
+    jobs = [(i, str(f), int(o), bounds, total, table_sizes, vocab, cfg, out)
             for i, (f, o) in enumerate(zip(files, offsets))]
     results: list[_FileResult] = []
     rejects_path = out / "rejects.tsv"
@@ -280,8 +362,18 @@ def preprocess_criteo(
     except RejectedRowsError as exc:
         _merge_rejects(out, rejects_path)
         raise RejectedRowsError(f"{exc} All rejected lines so far: {rejects_path}") from None
+    return finish_preprocess(out, files, cfg, total, results, table_sizes, vocab_path)
+
+
+def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: PreprocessConfig,
+                      total: int, results: list[_FileResult], table_sizes: np.ndarray,
+                      vocab_path: str | None = None) -> PreprocessReport:
+    """The parts every engine wrote -> rejects.tsv, the threshold check, the row accounting and
+    the manifest. ``results``: one per part, in any order (``index`` orders them by row)."""
+    table_sizes = np.asarray(table_sizes, dtype=np.int64)
+    rejects_path = out / "rejects.tsv"
     _merge_rejects(out, rejects_path)
-    results.sort(key=lambda r: r.index)
+    results = sorted(results, key=lambda r: r.index)
     n_rejected = sum(r.rejected for r in results)
     by_reason: dict[str, int] = {}
     for r in results:
@@ -317,6 +409,9 @@ def preprocess_criteo(
         "sparse_features": list(SPARSE_NAMES),
         "table_sizes": table_sizes.tolist(),
         "pooling_factors": pooling.tolist(),
+        "engine": cfg.engine,
+        "ids": cfg.ids,
+        "vocabulary_path": vocab_path,
         "config": to_dict(cfg),
     }
     if written + n_rejected != total:
@@ -331,6 +426,7 @@ def preprocess_criteo(
         rows_written=written, rows_rejected=n_rejected, rejects_path=str(rejects_path),
         rejects_by_reason=by_reason, split_rows=split_rows,
         table_sizes=tuple(table_sizes.tolist()), pooling_factors=tuple(pooling.tolist()),
+        vocabulary_path=vocab_path,
     )
 
 

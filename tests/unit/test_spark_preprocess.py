@@ -1,0 +1,170 @@
+"""The Spark engine writes what the pyarrow engine writes: same rows, rejects and vocabulary.
+
+One local[2] SparkSession (tests/conftest.py: ``spark``) serves every test here; the input is
+split into many small blocks so line numbering across blocks and files is exercised."""
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from recscale.data.criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, RejectedRowsError
+from recscale.data.preprocess import SPLITS, PreprocessConfig, load_manifest, preprocess_criteo
+from recscale.data.vocab import VocabConfig, load_vocabulary
+
+
+def _good_fields(rng):
+    dense = [str(int(x)) if rng.random() > 0.2 else "" for x in rng.integers(-3, 2000, NUM_DENSE)]
+    # a few hundred distinct ids per feature with a skew, so min_count and max_size matter
+    ids = (rng.zipf(1.6, NUM_SPARSE) * 2654435761) % (2**32)
+    sparse = [f"{int(x):08x}" if rng.random() > 0.1 else "" for x in ids]
+    return [str(int(rng.integers(0, 2)))] + dense + sparse
+
+
+def _dirty_day(path, n, seed, final_newline=True):
+    """``n`` lines; every kind of malformed line the reader rejects, plus legal oddities."""
+    rng = np.random.default_rng(seed)
+    lines = ["\t".join(_good_fields(rng)).encode() for _ in range(n)]
+
+    def edit(i, j, value):
+        f = lines[i].split(b"\t")
+        f[j] = value
+        lines[i] = b"\t".join(f)
+
+    bad = {}
+    for k, i in enumerate(range(7, n, 37)):
+        kind = k % 16
+        if kind == 0:
+            lines[i] = b"\t".join(lines[i].split(b"\t")[:-1])          # 39 fields
+        elif kind == 1:
+            lines[i] = lines[i] + b"\textra"                           # 41 fields
+        elif kind == 2:
+            lines[i] = b""                                             # empty line
+        elif kind == 3:
+            edit(i, 1 + NUM_DENSE + 3, b"zz12ab34")                    # non-hex id
+        elif kind == 4:
+            edit(i, 2, b"12x")                                         # non-integer count
+        elif kind == 5:
+            edit(i, 0, b"2")                                           # label not 0/1
+        elif kind == 6:
+            edit(i, 0, b"")                                            # label missing
+        elif kind == 7:
+            edit(i, 1 + NUM_DENSE + 25, b"abc")                        # id too short
+        elif kind == 8:
+            lines[i] = lines[i] + b"\r"                                # CRLF line end
+        elif kind == 9:
+            edit(i, 5, b"\xff\xfe")                                    # not UTF-8
+        elif kind == 10:
+            edit(i, 5, "é".encode())                                   # non-ASCII
+        elif kind == 11:
+            edit(i, 3, b"it's")                                        # repr with "..."
+        elif kind == 12:
+            edit(i, 4, b"a\\'b\"")                                     # repr escapes
+        elif kind == 13:
+            edit(i, 1 + NUM_DENSE + 1, b"0123456789")                  # id too long
+        elif kind == 14:
+            edit(i, 1 + NUM_DENSE + 2, b"ABCDEF12")                    # upper case: legal
+            edit(i, 6, b"-0")                                          # legal
+            continue
+        else:
+            edit(i, 7, b"0042")                                        # leading zeros: legal
+            continue
+        bad[i] = kind
+    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    path.write_bytes(data)
+    return bad
+
+
+@pytest.fixture(scope="module")
+def dirty_days(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dirty")
+    a, b = d / "day_00.tsv", d / "day_01.tsv"
+    bad = len(_dirty_day(a, 1500, 1)) + len(_dirty_day(b, 900, 2, final_newline=False))
+    return [str(a), str(b)], bad
+
+
+def _cfg(**kw):
+    base = dict(row_group_size=300, max_reject_fraction=0.2, table_sizes=None,
+                max_table_size=97, workers=1, chunk_bytes=20_000)
+    base.update(kw)
+    return PreprocessConfig(**base)
+
+
+def _both(spark, files, tmp_path, **kw):
+    ref = preprocess_criteo(files, tmp_path / "pyarrow", _cfg(**kw))
+    got = preprocess_criteo(files, tmp_path / "spark", _cfg(engine="spark", **kw), spark=spark)
+    return ref, got
+
+
+def _split_tables(man):
+    return {s: pq.read_table(man["splits"][s]["files"]) for s in SPLITS}
+
+
+def _assert_same_output(ref, got):
+    mr, mg = load_manifest(ref.out_dir), load_manifest(got.out_dir)
+    for k in ("lines_read", "rows_written", "rows_rejected", "table_sizes", "pooling_factors"):
+        assert mg[k] == mr[k], k
+    assert got.rejects_by_reason == ref.rejects_by_reason
+    assert {s: mg["splits"][s]["rows"] for s in SPLITS} == {s: mr["splits"][s]["rows"] for s in SPLITS}
+    tr, tg = _split_tables(mr), _split_tables(mg)
+    for s in SPLITS:
+        a, b = tr[s], tg[s]
+        assert b.schema == a.schema, s
+        for c in ("row", "label", *SPARSE_NAMES):
+            assert b.column(c).to_pylist() == a.column(c).to_pylist(), (s, c)
+        for c in DENSE_NAMES:  # log1p in the JVM and in numpy: equal within one float32 ulp
+            x = a.column(c).to_numpy().view(np.int32).astype(np.int64)
+            y = b.column(c).to_numpy().view(np.int32).astype(np.int64)
+            assert np.abs(x - y).max(initial=0) <= 1, (s, c)
+        for f in mg["splits"][s]["files"]:  # row groups of row_group_size, the last may be short
+            md = pq.ParquetFile(f).metadata
+            sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+            assert all(n == 300 for n in sizes[:-1]) and 0 < sizes[-1] <= 300
+    # the same rejects file, line for line: file, line number, reason, text
+    with open(ref.rejects_path, "rb") as fa, open(got.rejects_path, "rb") as fb:
+        assert fb.read() == fa.read()
+
+
+def test_spark_and_pyarrow_write_the_same_rows_and_rejects_in_hash_mode(spark, dirty_days, tmp_path):
+    files, n_bad = dirty_days
+    ref, got = _both(spark, files, tmp_path)
+    assert ref.rows_rejected == n_bad and ref.lines_read == 2400
+    assert set(ref.rejects_by_reason) == {"field count", "empty line", "bad byte", "label",
+                                          "C4", "I2", "C26", "C2", "I3", "I4"}
+    _assert_same_output(ref, got)
+    assert got.table_sizes == (97,) * NUM_SPARSE
+
+
+def test_spark_and_pyarrow_agree_in_vocab_mode(spark, dirty_days, tmp_path):
+    files, _ = dirty_days
+    ref, got = _both(spark, files, tmp_path, ids="vocab", vocab=VocabConfig(min_count=2, max_size=40))
+    _assert_same_output(ref, got)
+    va, vb = pq.read_table(ref.vocabulary_path), pq.read_table(got.vocabulary_path)
+    assert vb.equals(va)
+    assert max(ref.table_sizes) == 41 and min(ref.table_sizes) >= 1
+
+
+def test_both_engines_stop_at_the_reject_threshold(spark, dirty_days, tmp_path):
+    files, _ = dirty_days
+    day = tmp_path / "short_day.tsv"  # the first 400 lines: 11 rejects (2.75 %)
+    with open(files[0], "rb") as fh:
+        day.write_bytes(b"".join(fh.readlines()[:400]))
+    for engine in ("pyarrow", "spark"):
+        with pytest.raises(RejectedRowsError, match=r"rejected \(more than max_reject_fraction=0.01\)"):
+            preprocess_criteo([str(day)], tmp_path / engine,
+                              _cfg(engine=engine, max_reject_fraction=0.01), spark=spark)
+        assert (tmp_path / engine / "rejects.tsv").exists()
+
+
+def test_vocabulary_grows_append_only_on_spark(spark, dirty_days, tmp_path):
+    files, _ = dirty_days
+    # the first day's vocabulary (either engine writes the same file: see the test above)
+    first = preprocess_criteo(files[:1], tmp_path / "one", _cfg(ids="vocab",
+                                                                  vocab=VocabConfig(min_count=3)))
+    old = load_vocabulary(first.vocabulary_path)
+    grown_cfg = dict(ids="vocab", vocab=VocabConfig(min_count=3, path=first.vocabulary_path))
+    ref, got = _both(spark, files[1:], tmp_path, **grown_cfg)
+    _assert_same_output(ref, got)
+    new = load_vocabulary(got.vocabulary_path)
+    for j in range(NUM_SPARSE):
+        assert np.array_equal(new.ids[j][:len(old.ids[j])], old.ids[j])  # every old index kept
+    assert sum(len(a) for a in new.ids) > sum(len(a) for a in old.ids)
