@@ -224,3 +224,92 @@ def test_a_warm_start_trains_on_the_plans_tiers_and_returns_an_in_memory_cpu_mod
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a)  # it trained on from the warm state
     assert not list((tmp_path / "scratch").glob("tiered-*"))  # scratch files released
+
+
+def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_rows_fresh():
+    """A warm start into larger tables (a grown vocabulary): every old row's weights and
+    row-wise Adagrad state bitwise, every new row exactly a fresh model's of the new sizes,
+    zero optimizer state there; shrinking fails naming the table and both sizes."""
+    from recscale.model.dlrm import ModelConfig
+    from recscale.train import TrainConfig
+    from recscale.train.api import build_model_for, load_state_into
+
+    model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=(8, 4), top_mlp=(4, 1))
+    train_cfg = parse(TrainConfig, {"seed": 5}, "train")
+    names = [f"C{i + 1}" for i in range(26)]
+    old_sizes = [3 + i for i in range(26)]
+    new_sizes = [s + (i % 3) * 4 for i, s in enumerate(old_sizes)]  # some grow, some do not
+    old = build_model_for({"table_sizes": old_sizes}, model_cfg, train_cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a trained look: weights and optimizer state unlike any init
+        for w, states in zip(old.embeddings.split_weights(),
+                             old.embeddings.split_optimizer_states()):
+            w.copy_(torch.randn(w.shape, generator=g))
+            for s in states:
+                s.copy_(torch.rand(s.shape, generator=g) + 0.5)
+    manifest = {"table_sizes": new_sizes, "sparse_features": names}
+    grown = build_model_for(manifest, model_cfg, train_cfg)
+    load_state_into(grown, old.state_dict(), manifest, model_cfg, train_cfg, old_sizes)
+    fresh = build_model_for(manifest, model_cfg, train_cfg)
+    tables = zip(old.embeddings.split_weights(), old.embeddings.split_optimizer_states(),
+                 grown.embeddings.split_weights(), grown.embeddings.split_optimizer_states(),
+                 fresh.embeddings.split_weights(), fresh.embeddings.split_optimizer_states())
+    for ow, os_, gw, gs, fw, fs in tables:
+        n = ow.shape[0]
+        assert torch.equal(gw[:n], ow) and torch.equal(gw[n:], fw[n:])
+        assert torch.equal(gs[0][:n], os_[0]) and torch.equal(gs[0][n:], fs[0][n:])
+        assert not gs[0][n:].any()
+    assert any(gw.shape[0] > ow.shape[0] for ow, gw in zip(old.embeddings.split_weights(),
+                                                           grown.embeddings.split_weights()))
+    a, b = grown.dense.state_dict(), old.dense.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    bigger = [s + 1 for s in new_sizes]
+    with pytest.raises(ValueError, match="table C1 would shrink from 4 to 3 rows"):
+        load_state_into(grown, build_model_for({"table_sizes": bigger}, model_cfg,
+                                               train_cfg).state_dict(),
+                        manifest, model_cfg, train_cfg, bigger)
+
+
+def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model(tmp_path):
+    """Two retrains with ``ids: vocab``: the second grows the first's vocabulary (every id keeps
+    its row), warm-starts from the first's model into the larger tables and trains; a vocabulary
+    that does not match the warm model's tables fails naming the table and the sizes."""
+    from recscale.data.synthetic import generate_criteo_tsv
+    from recscale.data.vocab import VocabularyMismatch, load_vocabulary
+    from recscale.retrain import DLRMRetrainConfig, find_partitions, prepare_partitions, train_warm
+    from recscale.retrain.data import vocabulary_file
+
+    landing = tmp_path / "daily"
+    syn = small_synthetic_config(num_rows=2500)
+    generate_criteo_tsv(syn, landing / "day_00.tsv", day=0)
+    generate_criteo_tsv(syn, landing / "day_01.tsv", day=1)
+    parts = find_partitions(landing, "day_*.tsv")
+    cfg = parse(DLRMRetrainConfig, {
+        "preprocess": {"ids": "vocab", "vocab": {"min_count": 1}, "row_group_size": 1000},
+        "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+        "train": {"batch_size_per_rank": 256, "progress": "off", "seed": 1,
+                  "checkpoint": {"dir": None}},
+        "retrain": {"work_dir": str(tmp_path / "work"), "model_dir": str(tmp_path / "models")}},
+        "")
+    m1 = prepare_partitions(parts[:1], WarmStart("cold"), cfg)
+    v1 = load_vocabulary(m1["vocabulary_path"])
+    first = train_warm(m1, cfg)
+    save_latest(tmp_path / "models", first.model.state_dict(), {"table_sizes": m1["table_sizes"]})
+    warm = first_warm_start([("latest", state_dict_file_source(tmp_path / "models"))])
+    m2 = prepare_partitions(parts[1:], warm, cfg)
+    v2 = load_vocabulary(m2["vocabulary_path"])
+    assert all(np.array_equal(b[:len(a)], a) for a, b in zip(v1.ids, v2.ids))  # same rows
+    assert all(b >= a for a, b in zip(m1["table_sizes"], m2["table_sizes"]))
+    assert sum(m2["table_sizes"]) > sum(m1["table_sizes"])  # day 1 brought new ids
+    second = train_warm(m2, cfg, warm)
+    assert second.table_sizes == tuple(m2["table_sizes"]) and second.result.steps > 0
+    w1, w2 = first.model.embeddings.split_weights(), second.model.embeddings.split_weights()
+    assert all(b.shape[0] == s for b, s in zip(w2, m2["table_sizes"]))
+    assert any(not torch.equal(b[:a.shape[0]], a) for a, b in zip(w1, w2))  # trained on
+    # the kept vocabulary of the warm model's sizes does not match its tables
+    wrong = WarmStart("latest", None, {"table_sizes": [s + 1 for s in m1["table_sizes"]]}, "x")
+    v1.save(vocabulary_file(tmp_path / "models", wrong.table_sizes))
+    with pytest.raises(VocabularyMismatch, match=f"table C1 at {m1['table_sizes'][0]} rows but "
+                                                 f"the warm start from latest has "
+                                                 f"{m1['table_sizes'][0] + 1}"):
+        prepare_partitions(parts[1:], wrong, cfg)

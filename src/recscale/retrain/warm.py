@@ -22,6 +22,7 @@ import torch
 from recscale.config import ConfigError
 from recscale.retrain.config import DLRMRetrainConfig
 from recscale.train import TrainOutcome, plan_for_run, train_dlrm
+from recscale.train.api import check_table_growth
 
 log = logging.getLogger(__name__)
 
@@ -104,19 +105,47 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
 
     From a checkpoint, the run starts with its weights and optimizer state; from a state_dict
     (``latest``, ``champion``) with its tables and their optimizer state, the dense optimizer
-    fresh. With ``checkpoint_dir`` the run writes its own checkpoints there (the next retrain's
+    fresh. With ``preprocess.ids: vocab`` the data's tables may be larger than the warm
+    model's (its vocabulary grew): the tables grow, every old row and its optimizer state kept,
+    new rows as a fresh model initialises them (a checkpoint then goes through its state_dict,
+    the dense optimizer fresh); a table that would shrink fails, naming it and both sizes. With ``checkpoint_dir`` the run writes its own checkpoints there (the next retrain's
     ``checkpoint`` source)."""
     if cfg.train.world_size != 1:
         raise ConfigError(f"train.launch.world_size={cfg.train.world_size} is not allowed in "
                           "dlrm_retrain: expected 1 (retraining runs in one process)")
+    init_from = warm.checkpoint if warm else None
+    state = warm.state if warm is not None else None
+    grow_from = None
+    if warm is not None and warm.table_sizes is not None \
+            and list(warm.table_sizes) != list(manifest["table_sizes"]):
+        if manifest.get("ids") != "vocab":
+            raise ValueError(f"warm start from {warm.source} has table sizes {warm.table_sizes} "
+                             f"but the data has {manifest['table_sizes']}")
+        # a grown vocabulary: the tables grow, old rows kept, new rows fresh
+        check_table_growth(warm.table_sizes, manifest["table_sizes"],
+                           manifest["sparse_features"])
+        grow_from = list(warm.table_sizes)
+        if init_from is not None:  # the checkpoint's tables and their optimizer state
+            state, init_from = checkpoint_state(init_from, grow_from, manifest, cfg), None
     ck = dataclasses.replace(cfg.train.checkpoint,
                              dir=str(checkpoint_dir) if checkpoint_dir else cfg.train.checkpoint.dir,
-                             resume="never", init_from=warm.checkpoint if warm else None)
+                             resume="never", init_from=init_from)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint=ck))
-    state = warm.state if warm is not None else None
-    if state is not None and warm.table_sizes is not None \
-            and list(warm.table_sizes) != list(manifest["table_sizes"]):
-        raise ValueError(f"warm start from {warm.source} has table sizes {warm.table_sizes} "
-                         f"but the data has {manifest['table_sizes']}")
     return train_dlrm(manifest, cfg.model, cfg.train, plan=plan_for_run(manifest, cfg),
-                      comms=cfg.comms, init_state=state)
+                      comms=cfg.comms, init_state=state, init_state_table_sizes=grow_from)
+
+
+def checkpoint_state(path: str, table_sizes: list[int], manifest: dict,
+                     cfg: DLRMRetrainConfig) -> dict[str, torch.Tensor]:
+    """A checkpoint of a model with ``table_sizes`` -> its in-memory CPU state_dict (tables,
+    embedding-optimizer state, dense layers; not the dense optimizer's state)."""
+    from recscale.train.api import build_model_for
+    from recscale.train.checkpoint import CheckpointConfig, Checkpointer, model_fingerprint
+
+    old = {**manifest, "table_sizes": table_sizes}
+    model = build_model_for(old, cfg.model, cfg.train, "cpu")
+    ckpt = Checkpointer(CheckpointConfig(dir=os.path.dirname(path), resume="never",
+                                         init_from=path), "read-only",
+                        fingerprint=model_fingerprint(old, cfg.model, cfg.train))
+    ckpt.init_from_checkpoint(model.embeddings.shards(), model.dense, None)
+    return model.state_dict()

@@ -10,6 +10,7 @@ import os
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,11 +70,13 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                comms: CommsConfig | None = None,
                init_state: dict[str, torch.Tensor] | None = None,
                sharded: bool | None = None,
-               sharding: ShardingConfig | None = None) -> TrainOutcome:
+               sharding: ShardingConfig | None = None,
+               init_state_table_sizes: Sequence[int] | None = None) -> TrainOutcome:
     """Train on the manifest's train split: in this process when ``train.launch.world_size`` is
     1, else sharded over that many workers as ``plan`` says (under torchrun: as this process's
     rank; every rank returns the trained model); ``sharded=True`` runs the sharded runtime also
-    for one rank. ``init_state``: a state_dict to start from (a warm start; one process). Checks
+    for one rank. ``init_state``: a state_dict to start from (a warm start; one process), of
+    tables ``init_state_table_sizes`` when they are to grow to the manifest's. Checks
     that every train row was trained on, once per epoch.
 
     Several hosts (``train.launch.nnodes`` > 1 or a range): this process is the driver; it
@@ -99,7 +102,8 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                                                      out_dir, sharding)
         threads = train_cfg.num_threads or 0
     else:
-        model, results, threads = _train_local(manifest, model_cfg, train_cfg, plan, init_state)
+        model, results, threads = _train_local(manifest, model_cfg, train_cfg, plan, init_state,
+                                              init_state_table_sizes)
         transitions = []
     result = summarize(results)
     result.transitions = transitions
@@ -124,7 +128,7 @@ def check_rows_trained(result: TrainResult, rows: int, train_cfg: TrainConfig) -
                            f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
 
 
-def _train_local(manifest, model_cfg, train_cfg, plan, init_state):
+def _train_local(manifest, model_cfg, train_cfg, plan, init_state, init_state_table_sizes=None):
     device = resolve_device(train_cfg.device)
     threads = set_threads(train_cfg.num_threads)
     # tables the plan puts on a slower tier (e.g. beyond train.tiers.ram_budget_bytes) train
@@ -133,7 +137,8 @@ def _train_local(manifest, model_cfg, train_cfg, plan, init_state):
                                       train_cfg.tiers)
     model = build_model_for(manifest, model_cfg, train_cfg, device, placements)
     if init_state is not None:
-        load_state_into(model, init_state, manifest, model_cfg, train_cfg)
+        load_state_into(model, init_state, manifest, model_cfg, train_cfg,
+                        init_state_table_sizes)
     ckpt = None
     if train_cfg.checkpoint.dir is not None:
         ckpt = Checkpointer(train_cfg.checkpoint, new_run_id(),
@@ -201,17 +206,58 @@ def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
 
 
 def load_state_into(model: DLRM, state: dict[str, torch.Tensor], manifest: dict,
-                    model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
+                    model_cfg: ModelConfig, train_cfg: TrainConfig,
+                    state_table_sizes: Sequence[int] | None = None) -> None:
     """The inverse of ``to_cpu_model``: the state_dict of an in-memory CPU model (tables,
-    embedding-optimizer state, dense layers) into ``model`` on any device or tier (a warm start)."""
+    embedding-optimizer state, dense layers) into ``model`` on any device or tier (a warm start).
+
+    ``state_table_sizes``: the state's tables when they are smaller than the manifest's (a
+    vocabulary grown append-only): the tables grow (``grow_tables``), each new row as a fresh
+    model of the new sizes initialises it, with fresh optimizer state."""
     ref = build_model_for(manifest, model_cfg, train_cfg, "cpu")
+    src = ref
+    if state_table_sizes is not None and list(state_table_sizes) != list(manifest["table_sizes"]):
+        check_table_growth(state_table_sizes, manifest["table_sizes"], manifest["sparse_features"])
+        src = build_model_for({**manifest, "table_sizes": list(state_table_sizes)}, model_cfg,
+                              train_cfg, "cpu")
     try:
-        ref.load_state_dict(state)
+        src.load_state_dict(state)
     except RuntimeError as exc:
         raise ValueError(f"the warm-start state does not fit model={model_cfg} with table sizes "
-                         f"{manifest['table_sizes']}: {exc}") from None
+                         f"{list(state_table_sizes or manifest['table_sizes'])}: {exc}") from None
+    if src is not ref:
+        grow_tables(ref, src)
     copy_tables(model, ref.embeddings.split_weights(), ref.embeddings.split_optimizer_states(),
                 ref.dense.state_dict())
+
+
+def check_table_growth(old: Sequence[int], new: Sequence[int], names: Sequence[str]) -> None:
+    """Tables may only grow (append-only vocabularies); raises ValueError naming the table and
+    both sizes when one shrinks or the number of tables differs."""
+    if len(old) != len(new):
+        raise ValueError(f"the warm-start state has {len(old)} tables but the data has {len(new)}")
+    for name, a, b in zip(names, old, new):
+        if int(b) < int(a):
+            raise ValueError(f"table {name} would shrink from {a} to {b} rows: a warm start only "
+                             "grows tables (an append-only vocabulary keeps every row)")
+
+
+def grow_tables(dst: DLRM, src: DLRM) -> None:
+    """Every table of ``src`` into the first rows of the same (at least as large) table of
+    ``dst``, weights and per-row embedding-optimizer state; ``dst``'s other rows keep what they
+    hold (a freshly built model's initial rows and state). The dense arch is copied."""
+    src_states = src.embeddings.split_optimizer_states() or []
+    dst_states = dst.embeddings.split_optimizer_states() or []
+    with torch.no_grad():
+        for t, (d, s) in enumerate(zip(dst.embeddings.split_weights(),
+                                       src.embeddings.split_weights())):
+            d[:s.shape[0]].copy_(s)
+            for dv, sv in zip(dst_states[t] if dst_states else [],
+                              src_states[t] if src_states else []):
+                # per-row state ([rows] or [rows * dim] flat): the old rows' part
+                dv.view(d.shape[0], -1)[:s.shape[0]].copy_(sv.view(s.shape[0], -1))
+    dst.embeddings.flush()
+    dst.dense.load_state_dict(src.dense.state_dict())
 
 
 def model_from_resolved(resolved: dict, state: dict[str, torch.Tensor]) -> DLRM:
