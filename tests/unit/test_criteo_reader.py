@@ -84,6 +84,29 @@ def test_malformed_rows_land_in_the_rejects_file_with_line_and_reason(tmp_path):
     assert rejects.by_reason["field count"] == 1
 
 
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 1024])
+def test_dense_integers_follow_the_spark_rule_whatever_else_the_chunk_holds(tmp_path, chunk_bytes):
+    """``^[+-]?[0-9]{1,18}$``, as the Spark engine: ``+5`` is 5, 19 digits are rejected with
+    their reason, alone in a chunk (a plain cast would take them) or beside a bad value."""
+    rng = np.random.default_rng(3)
+    lines = [_good_line(rng).split("\t") for _ in range(6)]
+    lines[1][1] = "+5"
+    lines[2][1] = "1234567890123456789"  # fits int64 but has 19 digits
+    lines[3][2] = "-000000000000000042"  # 18 digits: legal
+    lines[5][1] = "12x"
+    path = tmp_path / "ints.tsv"
+    path.write_text("\n".join("\t".join(f) for f in lines) + "\n")
+    rejects = RejectLog(path=tmp_path / "rejects.tsv", total_lines=6, max_fraction=0.5)
+    got = _concat(list(read_criteo_tsv(path, rejects, chunk_bytes=chunk_bytes)))
+    rejects.close()
+    assert got["line"].tolist() == [1, 2, 4, 5]
+    assert got["dense"][1, 0] == 5 and got["dense_present"][1, 0]
+    assert got["dense"][2, 1] == -42
+    rows = [r.split("\t") for r in (tmp_path / "rejects.tsv").read_text().splitlines()[1:]]
+    assert {int(r[1]): r[2] for r in rows} == {3: "I1: not an integer: '1234567890123456789'",
+                                               6: "I1: not an integer: '12x'"}
+
+
 def test_line_without_final_newline_is_read(tmp_path):
     rng = np.random.default_rng(1)
     path = tmp_path / "t.tsv"

@@ -69,6 +69,14 @@ def _dirty_day(path, n, seed, final_newline=True):
             edit(i, 7, b"0042")                                        # leading zeros: legal
             continue
         bad[i] = kind
+    for k, i in enumerate(range(11, n, 53)):  # dense integers at the edge of the rule
+        if i in bad or (i - 7) % 37 == 0:
+            continue
+        if k % 2:
+            edit(i, 8, b"+5")                                          # legal: 5
+        else:
+            edit(i, 2, b"1234567890123456789")                         # 19 digits
+            bad[i] = 16
     data = b"\n".join(lines) + (b"\n" if final_newline else b"")
     path.write_bytes(data)
     return bad

@@ -184,16 +184,17 @@ def _parse_hex(col: pa.ChunkedArray, n: int) -> tuple[np.ndarray, np.ndarray, np
 
 
 def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """-> (int64 values, present mask, bad mask) for a string column of decimal integers."""
+    """-> (int64 values, present mask, bad mask) for a string column of decimal integers.
+
+    A value is an integer when it matches ``^[+-]?[0-9]{1,18}$`` (the Spark engine's rule: at
+    most 18 digits always fit int64), whatever else the chunk holds; a leading ``+`` is dropped
+    before the cast (Arrow's cast refuses it, Spark's accepts it)."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     present = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    try:
-        ints = pc.cast(arr, pa.int64())
-        bad = np.zeros(len(arr), dtype=bool)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        ok = pc.match_substring_regex(arr, r"^[+-]?[0-9]{1,18}$").fill_null(True)
-        bad = ~ok.to_numpy(zero_copy_only=False)
-        ints = pc.cast(pc.if_else(ok, arr, pa.scalar(None, pa.string())), pa.int64())
+    ok = pc.match_substring_regex(arr, r"^[+-]?[0-9]{1,18}$").fill_null(True)
+    bad = ~ok.to_numpy(zero_copy_only=False)
+    good = pc.if_else(ok, arr, pa.scalar(None, pa.string())) if bad.any() else arr
+    ints = pc.cast(pc.replace_substring_regex(good, r"^\+", ""), pa.int64())
     present &= ~bad
     return ints.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64), present, bad
 
