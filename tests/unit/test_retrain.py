@@ -276,7 +276,13 @@ def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model
     that does not match the warm model's tables fails naming the table and the sizes."""
     from recscale.data.synthetic import generate_criteo_tsv
     from recscale.data.vocab import VocabularyMismatch, load_vocabulary
-    from recscale.retrain import DLRMRetrainConfig, find_partitions, prepare_partitions, train_warm
+    from recscale.retrain import (
+        DLRMRetrainConfig,
+        checkpoint_source,
+        find_partitions,
+        prepare_partitions,
+        train_warm,
+    )
     from recscale.retrain.data import vocabulary_file
 
     landing = tmp_path / "daily"
@@ -293,7 +299,7 @@ def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model
         "")
     m1 = prepare_partitions(parts[:1], WarmStart("cold"), cfg)
     v1 = load_vocabulary(m1["vocabulary_path"])
-    first = train_warm(m1, cfg)
+    first = train_warm(m1, cfg, checkpoint_dir=str(tmp_path / "checkpoints"))
     save_latest(tmp_path / "models", first.model.state_dict(), {"table_sizes": m1["table_sizes"]})
     warm = first_warm_start([("latest", state_dict_file_source(tmp_path / "models"))])
     m2 = prepare_partitions(parts[1:], warm, cfg)
@@ -306,6 +312,10 @@ def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model
     w1, w2 = first.model.embeddings.split_weights(), second.model.embeddings.split_weights()
     assert all(b.shape[0] == s for b, s in zip(w2, m2["table_sizes"]))
     assert any(not torch.equal(b[:a.shape[0]], a) for a, b in zip(w1, w2))  # trained on
+    # from the first run's checkpoint (through its state_dict): the same grown run
+    from_ckpt = train_warm(m2, cfg, checkpoint_source(tmp_path / "checkpoints")())
+    a, b = from_ckpt.model.state_dict(), second.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
     # the kept vocabulary of the warm model's sizes does not match its tables
     wrong = WarmStart("latest", None, {"table_sizes": [s + 1 for s in m1["table_sizes"]]}, "x")
     v1.save(vocabulary_file(tmp_path / "models", wrong.table_sizes))
