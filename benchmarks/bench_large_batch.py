@@ -86,7 +86,7 @@ def train_one(man: dict, oracle, batch: int, dense_opt: dict, threads: int) -> d
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=600_000, help="synthetic rows (80%% train)")
+    ap.add_argument("--rows", type=int, default=500_000, help="synthetic rows (80%% train)")
     ap.add_argument("--batches", type=int, nargs="+", default=[2048, 16384, 65536])
     ap.add_argument("--only", nargs="*", default=None, help="optimizers to run (default: all)")
     ap.add_argument("--quick", action="store_true", help="one or two grid points each")
