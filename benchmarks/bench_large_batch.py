@@ -42,7 +42,8 @@ def second_order_available() -> bool:
     return True
 
 
-def grids(batch: int, steps: int, quick: bool) -> dict[str, list[dict]]:
+def grids(batch: int, steps: int, quick: bool, hf_cg: int = 20,
+          hf_curvature: int = 8192) -> dict[str, list[dict]]:
     """Each optimizer's settings at this global batch (two grid points each, one with --quick;
     HF at 2K and its exact-Hessian variant, the slowest runs, get one)."""
     scale = math.sqrt(batch / BASE_BATCH)  # Adam's square-root rule
@@ -50,8 +51,8 @@ def grids(batch: int, steps: int, quick: bool) -> dict[str, list[dict]]:
     mults = (1,) if quick else (1, 3)
     out = {"adam": [{"name": "adam", "learning_rate": 1e-3 * scale * m, "warmup_steps": warm}
                     for m in mults]}
-    hf_base = {"name": "hessian_free", "curvature_batch_size": min(batch, 8192),
-               "hf": {"cg_max_iters": 20}}
+    hf_base = {"name": "hessian_free", "curvature_batch_size": min(batch, hf_curvature),
+               "hf": {"cg_max_iters": hf_cg}}
     dampings = (1.0,) if quick or batch <= BASE_BATCH else (0.1, 1.0)
     out["hf_gn"] = [{**hf_base, "hf": {**hf_base["hf"], "damping": d}} for d in dampings]
     if batch > BASE_BATCH:
@@ -93,6 +94,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="intra-op threads per process (more than 1 on a loaded machine is "
                          "far slower: OpenMP waits)")
+    ap.add_argument("--hf-cg-max-iters", type=int, default=20)
+    ap.add_argument("--hf-curvature-batch", type=int, default=8192, help="min(batch, this)")
     ap.add_argument("--out", default="/tmp/recscale_bench_large_batch")
     ap.add_argument("--json", default=None, help="write every run's numbers here")
     args = ap.parse_args(argv)
@@ -116,7 +119,8 @@ def main(argv=None) -> int:
     runs, best = [], {}
     for batch in args.batches:
         steps = math.ceil(train_rows / batch)
-        for name, grid in grids(batch, steps, args.quick).items():
+        for name, grid in grids(batch, steps, args.quick, args.hf_cg_max_iters,
+                                 args.hf_curvature_batch).items():
             if args.only and name not in args.only:
                 continue
             for dense_opt in grid:
