@@ -37,3 +37,20 @@ def test_second_order_baselines_come_from_pytorch_optimizer(name):
         w.grad = torch.ones(3)
         dense_step(opt)
     assert bool(torch.all(w < 1))
+
+
+def test_soap_is_a_baseline_of_the_hf_trainer():
+    pytest.importorskip("pytorch_optimizer")
+    import numpy as np
+
+    from recscale.optim.trainer import BaselinesConfig, FitConfig, NetConfig, fit_baseline
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    data = {"x_train": x, "y_train": y, "x_validation": x[:16], "y_validation": y[:16]}
+    bl = parse(BaselinesConfig, {"optimizers": ["soap"], "soap": {"learning_rate": 0.03}},
+               "baselines")
+    fit = parse(FitConfig, {"global_batch_size": 16, "epochs": 20, "progress": "off"}, "train")
+    r = fit_baseline(data, NetConfig(hidden=(8,)), "soap", bl, fit)
+    assert r.summary["best_val_error"] < 0.25  # the sign of x[:, 0], learned
