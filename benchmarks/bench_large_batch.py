@@ -43,7 +43,8 @@ def second_order_available() -> bool:
 
 
 def grids(batch: int, steps: int, quick: bool, hf_cg: int = 20,
-          hf_curvature: int = 8192, hf_dampings=None) -> dict[str, list[dict]]:
+          hf_curvature: int = 8192, hf_dampings=None,
+          hessian_damping: float = 1.0) -> dict[str, list[dict]]:
     """Each optimizer's settings at this global batch (two grid points each, one with --quick;
     HF at 2K and its exact-Hessian variant, the slowest runs, get one)."""
     scale = math.sqrt(batch / BASE_BATCH)  # Adam's square-root rule
@@ -58,7 +59,8 @@ def grids(batch: int, steps: int, quick: bool, hf_cg: int = 20,
     out["hf_gn"] = [{**hf_base, "hf": {**hf_base["hf"], "damping": d}} for d in dampings]
     if batch > BASE_BATCH:
         out["hf_hessian"] = [{**hf_base, "hf": {**hf_base["hf"], "curvature": "hessian",
-                                                "solver": "bicgstab", "damping": 1.0}}]
+                                                "solver": "bicgstab",
+                                                "damping": hessian_damping}}]
     if second_order_available():
         out["soap"] = [{"name": "soap", "learning_rate": 3e-3 * scale * m, "warmup_steps": warm}
                        for m in ((1,) if quick else (0.3, 1))]
@@ -99,6 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-curvature-batch", type=int, default=8192, help="min(batch, this)")
     ap.add_argument("--hf-dampings", type=float, nargs="*", default=None,
                     help="HF's initial dampings (default: 1 at 2K, 0.1 and 1 above)")
+    ap.add_argument("--hf-hessian-damping", type=float, default=1.0)
     ap.add_argument("--out", default="/tmp/recscale_bench_large_batch")
     ap.add_argument("--json", default=None, help="write every run's numbers here")
     args = ap.parse_args(argv)
@@ -123,7 +126,8 @@ def main(argv=None) -> int:
     for batch in args.batches:
         steps = math.ceil(train_rows / batch)
         for name, grid in grids(batch, steps, args.quick, args.hf_cg_max_iters,
-                                 args.hf_curvature_batch, args.hf_dampings).items():
+                                 args.hf_curvature_batch, args.hf_dampings,
+                                 args.hf_hessian_damping).items():
             if args.only and name not in args.only:
                 continue
             for dense_opt in grid:
