@@ -16,7 +16,7 @@ $(BIN)/python:
 # torch==2.13.0 must be installed before fbgemm-gpu-cpu so pip never pulls a CUDA build.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[$(FBGEMM_EXTRA),dev,spark]'
+	$(BIN)/python -m pip install -e '.[$(FBGEMM_EXTRA),dev,spark,second_order]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -20,7 +20,9 @@ ALLOWED = {
     "optim": {"data", "distributed"},  # the HF job configs name their data blocks
     "retrain": {"data", "evaluate", "model", "sharding", "train"},
     "sharding": {"comm"},
-    "train": {"comm", "data", "distributed", "embedding", "evaluate", "model", "sharding"},
+    # optim: Hessian-free as the DLRM's dense optimizer (train.dense_optimizer.name)
+    "train": {"comm", "data", "distributed", "embedding", "evaluate", "model", "optim",
+              "sharding"},
 }
 
 

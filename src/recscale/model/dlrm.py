@@ -114,8 +114,9 @@ class DenseArch(nn.Module):
             x = self.bottom(dense)
             if callable(emb):
                 emb = emb()
-            logits = self.top(self.interact(x, emb))
-        return logits.squeeze(1).float()
+            logits = self.top(self.interact(x, emb)).squeeze(1)
+        # reduced-precision logits become fp32 (an fp64 arch, as tests of HF use, stays fp64)
+        return logits if logits.dtype == torch.float64 else logits.float()
 
 
 class DLRM(nn.Module):

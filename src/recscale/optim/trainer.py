@@ -33,7 +33,7 @@ from recscale.optim.hessian_free import HessianFree
 log = logging.getLogger(__name__)
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "softplus": nn.Softplus, "sigmoid": nn.Sigmoid}
-BASELINES = ("sgd", "adam")
+BASELINES = ("sgd", "adam", "soap")  # soap: pytorch-optimizer (the extra `second_order`)
 
 
 # ----------------------------------------------------------------------------- configs
@@ -113,16 +113,29 @@ class AdamConfig(Validated):
 
 
 @dataclass(frozen=True)
+class SOAPConfig(Validated):
+    """SOAP (Shampoo's preconditioner, Adam in its eigenbasis) from pytorch-optimizer."""
+
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.0
+
+    def validate(self, prefix: str = "baselines.soap") -> None:
+        check(self.learning_rate > 0, f"{prefix}.learning_rate", self.learning_rate, "> 0")
+        check(self.weight_decay >= 0, f"{prefix}.weight_decay", self.weight_decay, ">= 0")
+
+
+@dataclass(frozen=True)
 class BaselinesConfig(Validated):
     """The ``baselines`` block: first-order optimizers trained on the same data and network."""
 
     RENAMED: ClassVar[dict[str, str]] = {"batch_size": "global_batch_size"}
 
-    optimizers: tuple[str, ...] = BASELINES
+    optimizers: tuple[str, ...] = ("sgd", "adam")
     global_batch_size: int | None = None  # null = train.global_batch_size
     epochs: float | None = None  # null = train.epochs
     sgd: SGDConfig = field(default_factory=SGDConfig)
     adam: AdamConfig = field(default_factory=AdamConfig)
+    soap: SOAPConfig = field(default_factory=SOAPConfig)
 
     def validate(self, prefix: str = "baselines") -> None:
         for i, name in enumerate(self.optimizers):
@@ -384,7 +397,7 @@ def _launch_hf(data: dict, net: NetConfig, hf: HessianFreeConfig, cfg: FitConfig
 # --------------------------------------------------------------------- first-order baselines
 def fit_baseline(data: dict, net: NetConfig, name: str, baselines: BaselinesConfig,
                  cfg: FitConfig) -> FitResult:
-    """SGD with momentum or Adam on the same network, data order and evaluation schedule."""
+    """SGD with momentum, Adam or SOAP on the same network, data order and evaluation schedule."""
     check_choice("baselines.optimizers", name, BASELINES)
     set_threads(cfg.num_threads)
     dtype = getattr(torch, cfg.dtype)
@@ -396,6 +409,14 @@ def fit_baseline(data: dict, net: NetConfig, name: str, baselines: BaselinesConf
         s = baselines.sgd
         opt = torch.optim.SGD(model.parameters(), lr=s.learning_rate, momentum=s.momentum,
                               nesterov=s.nesterov and s.momentum > 0, weight_decay=s.weight_decay)
+    elif name == "soap":
+        try:
+            from pytorch_optimizer import SOAP
+        except ImportError:
+            raise ValueError("baselines.optimizers: soap needs pytorch-optimizer: pip install "
+                             "'recscale[second_order]'") from None
+        opt = SOAP(model.parameters(), lr=baselines.soap.learning_rate,
+                   weight_decay=baselines.soap.weight_decay)
     else:
         a = baselines.adam
         opt = torch.optim.Adam(model.parameters(), lr=a.learning_rate, weight_decay=a.weight_decay)

@@ -15,10 +15,12 @@ from recscale.distributed import LaunchConfig
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
 from recscale.embedding.tier_config import TierConfig
 from recscale.model.dlrm import ModelConfig
+from recscale.optim.config import HessianFreeConfig
 from recscale.sharding import ShardingConfig
 from recscale.train.checkpoint import CheckpointConfig
 
-DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "hessian_free", "shampoo", "soap")
+# Shampoo and SOAP come from pytorch-optimizer, the optional extra `second_order`
 FAULT_KINDS = ("kill", "nan")
 
 
@@ -43,16 +45,50 @@ class FaultInjection(Validated):
 
 @dataclass(frozen=True)
 class DenseOptimizerConfig(Validated):
+    """``train.dense_optimizer``: what updates the dense arch (the embeddings keep their fused
+    optimizer, ``train.embedding_optimizer``, whatever is chosen here).
+
+    ``hessian_free``: truncated-Newton steps (``recscale.optim.HessianFree``, its settings under
+    ``hf``: the keys of the ``hf.optimizer`` block of parameters_hf.yml) whose curvature products
+    go through the whole dense arch with the pooled embeddings held fixed; ``learning_rate`` and
+    ``momentum`` do not apply. ``curvature_batch_size``: rows of the global batch the products
+    use (null: all of it; each rank takes its first curvature_batch_size / world_size rows).
+    ``warmup_steps``: the first-order optimizers' learning rate rises linearly from
+    learning_rate / warmup_steps to learning_rate over that many steps (the large-batch recipe).
+    """
+
     name: str = "adagrad"
     learning_rate: float = 0.05
     momentum: float = 0.0
     weight_decay: float = 0.0
+    warmup_steps: int = 0
+    curvature_batch_size: int | None = None
+    hf: HessianFreeConfig = field(default_factory=HessianFreeConfig)
 
     def validate(self, prefix: str = "train.dense_optimizer") -> None:
         check_choice(f"{prefix}.name", self.name, DENSE_OPTIMIZERS)
         check(self.learning_rate > 0, f"{prefix}.learning_rate", self.learning_rate, "> 0")
         check(0 <= self.momentum < 1, f"{prefix}.momentum", self.momentum, "in [0, 1)")
         check(self.weight_decay >= 0, f"{prefix}.weight_decay", self.weight_decay, ">= 0")
+        check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", self.warmup_steps, ">= 0")
+        check(self.curvature_batch_size is None or self.curvature_batch_size > 0,
+              f"{prefix}.curvature_batch_size", self.curvature_batch_size,
+              "null or a positive integer")
+        if self.name == "hessian_free":
+            # the empirical Fisher needs per-example gradients of the whole model (embeddings
+            # included), which the fused embedding kernels do not give
+            check(self.hf.preconditioner == "none", f"{prefix}.hf.preconditioner",
+                  self.hf.preconditioner, "'none' with the DLRM (no per-example gradients "
+                  "through the fused embeddings for the Fisher diagonal)")
+
+    def check_model(self, model: ModelConfig, prefix: str = "train.dense_optimizer") -> None:
+        """What this optimizer needs of the model: Hessian-free runs the dense arch in fp32 or
+        fp64 (curvature products in bf16 are too coarse for CG's conjugacy)."""
+        if self.name == "hessian_free":
+            check(model.dense_precision == "fp32", f"{prefix}.name", self.name,
+                  f"a first-order optimizer with model.dense_precision="
+                  f"{model.dense_precision!r} (Hessian-free needs fp32 dense layers: CG on "
+                  "bf16 curvature products loses conjugacy)")
 
 
 @dataclass(frozen=True)
@@ -114,6 +150,13 @@ class TrainConfig(Validated):
             check(self.checkpoint.dir is not None, f"{prefix}.checkpoint.dir", None,
                   f"a directory every host sees (a shared filesystem) with {prefix}.launch."
                   f"nnodes={self.launch.nnodes!r}: the job's checkpoints and model go there")
+        c = self.dense_optimizer.curvature_batch_size
+        if c is not None:
+            g = self.batch_size_per_rank * self.world_size
+            check(c <= g and c % self.world_size == 0, f"{prefix}.dense_optimizer."
+                  "curvature_batch_size", c, f"at most the global batch ({prefix}."
+                  f"batch_size_per_rank x world size = {g}) and a multiple of the world size "
+                  f"{self.world_size}")
         if self.fault_injection is not None:
             check(self.fault_injection.rank < self.world_size, f"{prefix}.fault_injection.rank",
                   self.fault_injection.rank, f"< {prefix}.launch.world_size={self.world_size}")
@@ -140,3 +183,7 @@ class DLRMConfig(Validated):
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+
+    def validate(self, prefix: str = "") -> None:
+        dot = f"{prefix}." if prefix else ""
+        self.train.dense_optimizer.check_model(self.model, f"{dot}train.dense_optimizer")

@@ -88,6 +88,7 @@ class RankResult:
     checkpoint_failures: int = 0
     checkpoint_seconds: float = 0.0
     tier_stats: dict[str, float] = field(default_factory=dict)
+    dense_optimizer: dict[str, float] = field(default_factory=dict)  # HF: its step counters
 
 
 @dataclass
@@ -326,6 +327,8 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             if not k.startswith("dense_") and not k.endswith("_counts")) / max(res.steps, 1)
     res.embedding_bytes = int(emb.memory_bytes().get("fast", 0))
     res.tier_stats = emb.tier_stats()
+    summary = getattr(rt.step, "summary", None)
+    res.dense_optimizer = summary() if summary is not None else {}
     if ckpt is not None:
         res.checkpoints = list(ckpt.saved)
         res.checkpoint_failures = ckpt.failed_writes

@@ -6,7 +6,8 @@ how to sum a tensor over ranks. ``LocalRuntime`` is the one-process case; ``Shar
 rank of the hybrid-parallel DLRM: embeddings model-parallel as the plan says
 (``ShardedEmbeddingCollection``), the dense arch under DistributedDataParallel with a counting
 communication hook, flat (torch's, compressed or not) or hierarchical over the plan's hosts
-(``recscale.comm.ddp_hooks``), gloo on CPU and NCCL on GPU.
+(``recscale.comm.ddp_hooks``), gloo on CPU and NCCL on GPU. With a Hessian-free dense optimizer
+the step is ``HessianFreeStep`` (``hf_step.py``), whose products are all-reduced by the optimizer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.model.dlrm import DLRM, ModelConfig
 from recscale.sharding import ShardingPlan
 from recscale.train.config import TrainConfig
+from recscale.train.hf_step import HessianFreeStep, counting_all_reduce
 from recscale.train.step import ShardedStep, TrainStep, make_dense_optimizer
 
 
@@ -37,10 +39,14 @@ class Runtime:
     planned_bytes: float = 0.0  # the plan's compute-tier bytes for this rank (0: no plan)
 
     def __init__(self, model: DLRM, train_cfg: TrainConfig, device: torch.device,
-                 stats: CommStats | None = None):
+                 stats: CommStats | None = None, reduce=None):
         self.model, self.device = model, device
         self.stats = stats if stats is not None else CommStats()
-        self.opt = make_dense_optimizer(model.dense_parameters(), train_cfg.dense_optimizer)
+        dense_opt = train_cfg.dense_optimizer
+        dense_opt.check_model(model.cfg)
+        self.hessian_free = dense_opt.name == "hessian_free"
+        # reduce: Hessian-free's sum over ranks (gradient, curvature products, losses)
+        self.opt = make_dense_optimizer(model.dense_parameters(), dense_opt, reduce)
 
     def all_reduce_(self, t: torch.Tensor) -> None:
         """Sum ``t`` (a CPU tensor) over ranks, in place."""
@@ -51,7 +57,12 @@ class LocalRuntime(Runtime):
 
     def __init__(self, model: DLRM, train_cfg: TrainConfig, device: torch.device):
         super().__init__(model, train_cfg, device)
-        self.step = TrainStep(model, self.opt)
+        if self.hessian_free:
+            self.step = HessianFreeStep(
+                model, self.opt,
+                curvature_batch_size=train_cfg.dense_optimizer.curvature_batch_size)
+        else:
+            self.step = TrainStep(model, self.opt)
 
 
 class ShardedRuntime(Runtime):
@@ -63,10 +74,18 @@ class ShardedRuntime(Runtime):
         stats = CommStats()
         model = build_sharded_model(ctx, plan, model_cfg, train_cfg, stats, comms,
                                     feature_names, num_dense)
-        super().__init__(model, train_cfg, ctx.device, stats)
+        dense_opt = train_cfg.dense_optimizer
+        reduce = None
+        if dense_opt.name == "hessian_free":  # the dense arch's HF steps bypass DDP
+            reduce = counting_all_reduce(stats, plan.local_world_size < ctx.world_size)
+        super().__init__(model, train_cfg, ctx.device, stats, reduce)
         self.rank, self.world_size, self.ctx = ctx.rank, ctx.world_size, ctx
         self.planned_bytes = float(plan.ranks[ctx.rank].memory(plan.topology.compute_tier))
-        self.step = ShardedStep(model, self.opt, ctx.world_size)
+        if self.hessian_free:
+            self.step = HessianFreeStep(model, self.opt, ctx.world_size, sharded=True,
+                                        curvature_batch_size=dense_opt.curvature_batch_size)
+        else:
+            self.step = ShardedStep(model, self.opt, ctx.world_size)
 
     def all_reduce_(self, t: torch.Tensor) -> None:
         if dist.get_backend() == "nccl":  # NCCL reduces device tensors only

@@ -161,6 +161,7 @@ def summarize(results: dict[int, dict]) -> TrainResult:
     for key in SPLIT_KEYS:  # bytes between ranks of one plan host / of different hosts
         out[f"bytes_per_step.{key}"] = float(sum(r["bytes_per_step"].get(key, 0.0)
                                                  for r in results.values()))
+    out.update({f"hf.{k}": v for k, v in r0.get("dense_optimizer", {}).items()})
     tiers = merge_tier_stats([r["tier_stats"] for r in results.values() if r["tier_stats"]])
     out.update({f"tiers.{k}": v for k, v in tiers.items()})
     return TrainResult(out["steps"], out["samples"], step_s, out["wall_seconds"],

@@ -21,16 +21,55 @@ class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite; the message names the step and the batch's rows."""
 
 
-def make_dense_optimizer(params, cfg: DenseOptimizerConfig) -> torch.optim.Optimizer:
+def make_dense_optimizer(params, cfg: DenseOptimizerConfig,
+                         reduce=None) -> torch.optim.Optimizer:
+    """The dense arch's optimizer. ``reduce`` (Hessian-free in the sharded runtime): sums a
+    tensor over ranks, for the gradient, every curvature product and every loss evaluation."""
     params = list(params)
+    if cfg.name == "hessian_free":
+        from recscale.optim import HessianFree
+
+        return HessianFree(params, cfg.hf, reduce=reduce)
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.learning_rate, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay, foreach=True)
-    if cfg.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                   foreach=True)
-    return torch.optim.Adam(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                            foreach=True)
+        opt = torch.optim.SGD(params, lr=cfg.learning_rate, momentum=cfg.momentum,
+                              weight_decay=cfg.weight_decay, foreach=True)
+    elif cfg.name == "adagrad":
+        opt = torch.optim.Adagrad(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                  foreach=True)
+    elif cfg.name == "adam":
+        opt = torch.optim.Adam(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                               foreach=True)
+    else:  # shampoo, soap: the optional extra `second_order`
+        opt = _second_order(params, cfg)
+    if cfg.warmup_steps:  # kept in the param group, so a checkpoint carries the schedule
+        for group in opt.param_groups:
+            group["base_lr"], group["warmup_steps"], group["warmup_done"] = (
+                cfg.learning_rate, cfg.warmup_steps, 0)
+    return opt
+
+
+def _second_order(params, cfg: DenseOptimizerConfig) -> torch.optim.Optimizer:
+    try:
+        import pytorch_optimizer
+    except ImportError:
+        from recscale.config import ConfigError
+
+        raise ConfigError(f"train.dense_optimizer.name={cfg.name!r} needs pytorch-optimizer: "
+                          "pip install 'recscale[second_order]'") from None
+    if cfg.name == "shampoo":
+        return pytorch_optimizer.Shampoo(params, lr=cfg.learning_rate, momentum=cfg.momentum,
+                                         weight_decay=cfg.weight_decay)
+    return pytorch_optimizer.SOAP(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+
+def dense_step(opt: torch.optim.Optimizer) -> None:
+    """``opt.step()`` after the warm-up (``train.dense_optimizer.warmup_steps``) set its rate."""
+    for group in opt.param_groups:
+        n = group.get("warmup_steps", 0)
+        if n:
+            group["warmup_done"] = done = group["warmup_done"] + 1
+            group["lr"] = group["base_lr"] * min(1.0, done / n)
+    opt.step()
 
 
 class TrainStep:
@@ -46,7 +85,7 @@ class TrainStep:
         loss = self.loss_fn(logits, batch.labels)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        self.opt.step()
+        dense_step(self.opt)
         return loss.detach()
 
     def run(self, batch: Batch, started=None) -> tuple[float, int]:
@@ -69,7 +108,7 @@ class ShardedStep:
         loss_sum = self.loss_fn(logits, batch.labels)
         self.opt.zero_grad(set_to_none=True)
         (loss_sum * (self.world_size / global_batch)).backward()
-        self.opt.step()
+        dense_step(self.opt)
         return float(loss_sum.detach()), global_batch
 
     run = __call__
