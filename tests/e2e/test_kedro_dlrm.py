@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.e2e.project import kedro, make_project_copy, run_in_process
 
@@ -48,7 +49,12 @@ def test_dlrm_pipeline_records_params_metrics_history_and_model(finished_run):
     state = torch.load(local, weights_only=True)
     assert "embeddings.tbe.weights_host" in state and "dense_arch.top.0.weight" in state
     assert {a.path for a in client.list_artifacts(run_id, "sharding")} == {
-        "sharding/sharding_plan.json", "sharding/sharding_report.txt", "sharding/sharding_plan.png"}
+        "sharding/sharding_plan.json", "sharding/sharding_report.txt", "sharding/sharding_plan.png",
+        "sharding/step_time_report.txt", "sharding/calibrated_topology.yml"}
+    topo = client.download_artifacts(run_id, "sharding/calibrated_topology.yml", str(proj / "dl"))
+    assert yaml.safe_load(Path(topo).read_text()) == {"calibrated": False, "planned_on": "cpu-local"}
+    report = client.download_artifacts(run_id, "sharding/step_time_report.txt", str(proj / "dl"))
+    assert "step time per rank, predicted vs measured" in Path(report).read_text()
     assert run["metrics.sharding.max_over_mean"] >= 1.0
     plan_path = client.download_artifacts(run_id, "sharding/sharding_plan.json", str(proj / "dl"))
     from recscale.sharding import ShardingPlan

@@ -16,9 +16,10 @@ log = logging.getLogger(__name__)
 
 def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     """``sharding.calibrate: true``: the measured topology (its dict; logged as an MLflow
-    artifact) and the fitted constants as metrics; else ``{}`` and no metrics."""
+    artifact) and the fitted constants as metrics; else which preset the plan comes from (the
+    artifact says so, rather than being empty) and no metrics."""
     if not cfg.sharding.calibrate:
-        return {}, {}
+        return {"calibrated": False, "planned_on": cfg.sharding.topology}, {}
     from recscale.train.calibrate import CalibrationConfig, calibrate
 
     sh, train = cfg.sharding, cfg.train
@@ -31,12 +32,12 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     cal = calibrate(base, ccfg, cfg.model, len(dataset_manifest["table_sizes"]),
                     sh.options.weight_precision, progress_mode=train.progress)
     log.info("calibrated topology in %.1f s: %s", cal.seconds, cal.topology)
-    return {"topology": cal.topology.to_dict()}, as_metrics(cal.metrics())
+    return {"calibrated": True, "topology": cal.topology.to_dict()}, as_metrics(cal.metrics())
 
 
 def plan_tables(dataset_manifest: dict, cfg: DLRMConfig, calibrated_topology: dict | None = None):
     measured = None
-    if calibrated_topology:
+    if calibrated_topology and "topology" in calibrated_topology:
         measured = Topology.from_dict(calibrated_topology["topology"])
     plan = plan_for_run(dataset_manifest, cfg, measured)
     log.info("sharding plan\n%s", plan.report())
