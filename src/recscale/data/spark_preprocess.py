@@ -6,7 +6,7 @@ steps; every line is parsed by the pyarrow engine's own chunk parser, so parity 
 construction. What runs where:
 
 1. Driver: each input file is cut into byte blocks of Spark's ``spark.sql.files.maxPartitionBytes``
-   (a line belongs to the block that holds its first byte, as Hadoop's line reader has it).
+   (a line belongs to the block that holds its first byte).
 2. Spark tasks, one per block (``mapInArrow`` over the block numbers): count the block's lines
    (``bytes.count`` over the block's byte range, read from the file path by the task). The driver
    turns the counts into each block's first line and global ``row``, in file order, and the
