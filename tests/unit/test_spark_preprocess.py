@@ -176,3 +176,20 @@ def test_vocabulary_grows_append_only_on_spark(spark, dirty_days, tmp_path):
     for j in range(NUM_SPARSE):
         assert np.array_equal(new.ids[j][:len(old.ids[j])], old.ids[j])  # every old index kept
     assert sum(len(a) for a in new.ids) > sum(len(a) for a in old.ids)
+
+
+@pytest.mark.parametrize("final_newline", [True, False])
+def test_byte_blocks_hold_every_line_exactly_once(tmp_path, final_newline):
+    from recscale.data.spark_preprocess import block_chunks
+
+    lines = [b"a" * (i % 7) for i in range(200)]  # empty lines and lines of 1-6 bytes
+    path = tmp_path / "f.tsv"
+    path.write_bytes(b"\n".join(lines) + (b"\n" if final_newline else b""))
+    size = path.stat().st_size
+    want = b"".join(x + b"\n" for x in lines)
+    for block in (1, 2, 3, 5, 8, 13, 64, size, size + 10):
+        for chunk in (1, 4, 50, 1 << 20):
+            got = [c for s in range(0, size, block)
+                   for c in block_chunks(str(path), s, min(s + block, size), chunk)]
+            assert all(c.endswith(b"\n") for c in got), (block, chunk)
+            assert b"".join(got) == want, (block, chunk)

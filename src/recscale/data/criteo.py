@@ -186,9 +186,9 @@ def _parse_hex(col: pa.ChunkedArray, n: int) -> tuple[np.ndarray, np.ndarray, np
 def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (int64 values, present mask, bad mask) for a string column of decimal integers.
 
-    A value is an integer when it matches ``^[+-]?[0-9]{1,18}$`` (the Spark engine's rule: at
-    most 18 digits always fit int64), whatever else the chunk holds; a leading ``+`` is dropped
-    before the cast (Arrow's cast refuses it, Spark's accepts it)."""
+    A value is an integer when it matches ``^[+-]?[0-9]{1,18}$`` (at most 18 digits always fit
+    int64), whatever else the chunk holds; a leading ``+`` is dropped before the cast (Arrow's
+    cast refuses it). Both engines parse with this code (the Spark engine in its tasks)."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     present = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     ok = pc.match_substring_regex(arr, r"^[+-]?[0-9]{1,18}$").fill_null(True)

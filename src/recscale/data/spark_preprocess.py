@@ -1,32 +1,34 @@
 """Criteo TSV -> the parquet splits of ``recscale.data.preprocess``, on Apache Spark.
 
 Same input, checks, reasons, row numbers, splits, schema and manifest as the pyarrow engine, so
-the loader and trainer cannot tell which engine ran. The work is Spark SQL (no per-row Python):
+the loader and trainer cannot tell which engine ran. Spark schedules the work and does the global
+steps; every line is parsed by the pyarrow engine's own chunk parser, so parity holds by
+construction. What runs where:
 
-1. ``spark.read.text`` (lines split on ``\\n`` only, as the pyarrow reader does). Each input split
-   (a file block) is read in order by one task, so a line's number is the block's first line plus
-   its position in the block (``monotonically_increasing_id`` minus the block's first). One small
-   aggregation counts every block's lines; the driver turns the counts into each block's first
-   line and global ``row``, in file order, and the split bounds.
-2. Line checks (empty, stray bytes, field count) and value checks (label, 13 integers, 26 8-hex
-   ids), each with the pyarrow reader's reason text (Python ``repr`` of the value included) and
-   the same precedence (the first bad column in file order). Dense: log1p(max(x, 0)) in double,
-   then float. Ids stay checked, lower-case hex strings here.
-3. ``ids: vocab``: per-feature counts over the training rows (explode + group by on the hex
-   strings), ids under ``min_count`` dropped in Spark; the rest go to the driver, where
-   :func:`build_vocabulary` (the same code as the pyarrow engine) orders and caps them. The
-   vocabulary reaches the tasks as a broadcast variable.
-4. Each task writes its blocks' parts with the pyarrow engine's code (``mapInArrow``, one Arrow
-   batch at a time, vectorised; never a Python call per row): hex ids decoded with the pyarrow
-   reader's lookup table (Spark's ``conv`` costs about 5 us a value, more than the rest of the
-   parse together), mapped to rows by ``map_ids`` (hash or vocabulary), written by its split
-   writer: ``<split>/part-<block>.parquet`` in row order with row groups of exactly
-   ``row_group_size`` (the last of each part may be short), and ``rejects/part-<block>.tsv``. The
-   driver merges the rejects and writes the manifest with the pyarrow engine's code.
+1. Driver: each input file is cut into byte blocks of Spark's ``spark.sql.files.maxPartitionBytes``
+   (a line belongs to the block that holds its first byte).
+2. Spark tasks, one per block (``mapInArrow`` over the block numbers): count the block's lines
+   (``bytes.count`` over the block's byte range, read from the file path by the task). The driver
+   turns the counts into each block's first line and global ``row``, in file order, and the
+   split bounds.
+3. ``ids: vocab``: Spark tasks parse their blocks (:func:`recscale.data.criteo._parse_block`, the
+   pyarrow reader's vectorised parser, one chunk of ``chunk_bytes`` at a time) and emit per-feature
+   ``(feature, id, count)`` of their training rows as Arrow batches; a Spark ``groupBy`` (the
+   shuffle) sums them and drops ids under ``min_count`` (unless already in the vocabulary); the
+   rest go to the driver, where :func:`build_vocabulary` (the pyarrow engine's code) orders and
+   caps them. The vocabulary reaches the tasks as a broadcast variable.
+4. Spark tasks, one per block: parse the block chunk by chunk with the same parser, map ids
+   (``transform_block``: hash or vocabulary) and write with the pyarrow engine's split writer:
+   ``<split>/part-<block>.parquet`` in row order with row groups of exactly ``row_group_size``
+   (the last of each part may be short), and ``rejects/part-<block>.tsv``. The driver merges the
+   rejects and writes the manifest with the pyarrow engine's code.
 
-Parts are per input block here and per input file there; the rows, their order and split
-membership are the same. The reject threshold is checked when every block is done (the pyarrow
-engine stops at the first line over it); both raise RejectedRowsError naming the rejects file.
+All of it is batched Arrow/numpy work per chunk, never a Python call per row. Tasks open the input
+files and write the output by path: both must be on storage that every executor mounts (local
+disk for ``local[N]``, a shared filesystem for a cluster). Parts are per input block here and per
+input file there; the rows, their order and split membership are the same. The reject threshold
+is checked when every block is done (the pyarrow engine stops at the first line over it); both
+raise RejectedRowsError naming the rejects file.
 """
 
 from __future__ import annotations
@@ -36,21 +38,12 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 
-from recscale.data.criteo import (
-    COLUMN_NAMES,
-    DENSE_NAMES,
-    NUM_FIELDS,
-    NUM_SPARSE,
-    SPARSE_NAMES,
-    RejectLog,
-    _parse_hex,
-)
+from recscale.data.criteo import NUM_SPARSE, RejectLog, _parse_block
 from recscale.data.preprocess import (
     SPLITS,
     PreprocessConfig,
@@ -58,17 +51,58 @@ from recscale.data.preprocess import (
     _FileResult,
     _SplitWriter,
     finish_preprocess,
-    parquet_schema,
     prepare_output,
     resolve_vocabulary,
     split_bounds,
+    transform_block,
 )
 from recscale.data.vocab import IdCounter, Vocabulary, load_vocabulary
 
 log = logging.getLogger(__name__)
 
+_DEFAULT_BLOCK_BYTES = 128 << 20  # Spark's own default for spark.sql.files.maxPartitionBytes
 _RESULT_SCHEMA = ("blk long, split_files string, written long, rejected long, by_reason string, "
                   "present array<long>")
+
+
+def block_chunks(path: str, start: int, end: int, chunk_bytes: int) -> Iterator[bytes]:
+    """The lines whose first byte lies in ``[start, end)`` of ``path``, as chunks of whole lines
+    of about ``chunk_bytes`` (each line with its newline; a last line without one gets one, as
+    the pyarrow reader's chunks do)."""
+    with open(path, "rb") as fh:
+        pos = 0
+        if start > 0:  # the first line that starts at or after ``start``
+            fh.seek(start - 1)
+            pos = start - 1
+            while True:
+                buf = fh.read(1 << 16)
+                if not buf:
+                    return
+                i = buf.find(b"\n")
+                if i >= 0:
+                    pos += i + 1
+                    break
+                pos += len(buf)
+        if pos >= end:
+            return
+        fh.seek(pos)
+        base, rest = pos, b""  # base: the file offset of rest[0]
+        while True:
+            data = fh.read(chunk_bytes)
+            if not data:
+                break
+            data = rest + data
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                continue
+            if base + cut + 1 >= end:  # the block's last line ends in this chunk
+                yield data[:data.find(b"\n", end - 1 - base) + 1]
+                return
+            yield data[:cut + 1]
+            rest, base = data[cut + 1:], base + cut + 1
+    if rest:
+        yield rest + b"\n"
 
 
 def _spark_functions():
@@ -78,46 +112,28 @@ def _spark_functions():
     return F
 
 
-def _local_path(uri: str) -> str:
-    p = urlparse(uri)
-    return unquote(p.path) if p.scheme in ("file", "") else uri
+def _block_bytes(spark) -> int:
+    try:
+        return int(spark._jsparkSession.sessionState().conf().filesMaxPartitionBytes())
+    except Exception:  # noqa: BLE001 - a Spark without that accessor: Spark's default
+        return _DEFAULT_BLOCK_BYTES
 
 
-def _pyrepr(F, c):
-    """Python's repr() of a printable-ASCII string column (``None`` for null), in Spark SQL."""
-    esc = F.regexp_replace(c, r"\\", r"\\\\")
-    double = c.contains("'") & ~c.contains('"')
-    return (F.when(c.isNull(), F.lit("None"))
-            .when(double, F.concat(F.lit('"'), esc, F.lit('"')))
-            .otherwise(F.concat(F.lit("'"), F.regexp_replace(esc, "'", r"\\'"), F.lit("'"))))
-
-
-def _read_blocks(spark, F, files: Sequence[str]):
-    """-> (lines DataFrame: path, block_start, mid, value; blocks in row order on the driver)."""
-    lines = (spark.read.option("lineSep", "\n").text([os.path.abspath(f) for f in files])
-             .select(F.col("_metadata.file_path").alias("path"),
-                     F.col("_metadata.file_block_start").alias("block_start"),
-                     F.monotonically_increasing_id().alias("mid"), "value"))
-    counts = (lines.groupBy("path", "block_start")
-              .agg(F.count(F.lit(1)).alias("n"), F.min("mid").alias("min_mid")).collect())
-    index = {os.path.realpath(os.path.abspath(f)): i for i, f in enumerate(files)}
+def _cut_blocks(files: Sequence[str], block_bytes: int) -> list[dict]:
     blocks = []
-    for r in counts:
-        fi = index.get(os.path.realpath(_local_path(r["path"])))
-        if fi is None:
-            raise RuntimeError(f"Spark read {r['path']}, which is none of the input files")
-        blocks.append({"path": r["path"], "block_start": int(r["block_start"]), "file": fi,
-                       "n": int(r["n"]), "min_mid": int(r["min_mid"])})
-    blocks.sort(key=lambda b: (b["file"], b["block_start"]))
-    return lines, blocks
+    for fi, f in enumerate(files):
+        size = os.path.getsize(f)
+        for start in range(0, size, block_bytes):
+            blocks.append({"blk": len(blocks), "file": fi, "path": f, "start": start,
+                           "end": min(start + block_bytes, size)})
+    return blocks
 
 
 def _number_blocks(blocks: list[dict], n_files: int) -> list[int]:
     """Each block's first line in its file and first global row; -> lines per file."""
     per_file = [0] * n_files
     row = 0
-    for k, b in enumerate(blocks):
-        b["blk"] = k
+    for b in blocks:
         b["first_line"] = per_file[b["file"]] + 1
         b["row_base"] = row
         per_file[b["file"]] += b["n"]
@@ -125,161 +141,125 @@ def _number_blocks(blocks: list[dict], n_files: int) -> list[int]:
     return per_file
 
 
-def _parse(F, located):
-    """Lines with blk, line, row -> the checked, typed columns and the reject reason (or null)."""
-    # one projection per step, each computing its columns once (Spark does not collapse a
-    # projection into the next when that would evaluate an expensive expression twice)
-    df = located.select("blk", "line", "row", "value",
-                        F.split(F.col("value"), "\t", -1).alias("f"))
-    v, nf = F.col("value"), F.size(F.col("f"))
-    line_reason = (F.when(v == "", F.lit("empty line"))
-                   .when(v.rlike(r"[^\t\x20-\x7e]"),
-                         F.lit("bad byte: non-printable or non-ASCII character"))
-                   .when(nf != NUM_FIELDS,
-                         F.concat(F.lit(f"field count: expected {NUM_FIELDS} tab-separated fields, "
-                                        "found "), nf.cast("string"))))
-    # fields as strings, null where empty (the pyarrow reader's null_values=[""])
-    df = df.select("blk", "line", "row", "value", line_reason.alias("line_reason"),
-                   *[F.nullif(F.get(F.col("f"), i), F.lit("")).alias(c)
-                     for i, c in enumerate(COLUMN_NAMES)])
-    # the first bad column in file order, as the pyarrow reader reports it
-    checks = [F.col("label").isNull() | ~F.col("label").isin("0", "1")]
-    checks += [F.col(c).isNotNull() & ~F.col(c).rlike(r"^[+-]?[0-9]{1,18}$") for c in DENSE_NAMES]
-    checks += [F.col(c).isNotNull() & ~F.col(c).rlike(r"^[0-9a-fA-F]{8}$") for c in SPARSE_NAMES]
-    first_bad = F.coalesce(*[F.when(ok, F.lit(i)) for i, ok in enumerate(checks)])
-    df = df.select("*", F.when(F.col("line_reason").isNull(), first_bad).alias("bad_col"))
-    prefixes = (["label: must be 0 or 1, got "] + [f"{c}: not an integer: " for c in DENSE_NAMES]
-                + [f"{c}: not an 8-digit hex id: " for c in SPARSE_NAMES])
-    bad_value = F.get(F.array(*[F.col(c) for c in COLUMN_NAMES]), F.col("bad_col"))
-    reason = (F.when(F.col("line_reason").isNotNull(), F.col("line_reason"))
-              .when(F.col("bad_col").isNotNull(),
-                    F.concat(F.get(F.array(*[F.lit(p) for p in prefixes]), F.col("bad_col")),
-                             _pyrepr(F, bad_value))))
-    bad = F.col("line_reason").isNotNull() | F.col("bad_col").isNotNull()
-    cols = [F.col("blk"), F.col("line"), F.col("row"), reason.alias("reason"),
-            F.when(bad, F.col("value").cast("binary")).alias("raw"),
-            F.when(bad, F.lit(0)).otherwise(F.col("label").cast("int")).cast("byte").alias("label")]
-    for c in DENSE_NAMES:
-        x = F.col(c).try_cast("long")
-        cols.append(F.when(bad | x.isNull(), F.lit(0.0))
-                    .otherwise(F.log1p(F.greatest(x, F.lit(0)).cast("double")))
-                    .cast("float").alias(c))
-    for c in SPARSE_NAMES:
-        cols.append(F.when(~bad, F.lower(F.col(c))).alias(c))
-    return df.select(*cols)
+def _map_blocks(spark, blocks: list[dict], fn, schema: str):
+    """A DataFrame of ``fn(block)``'s Arrow batches, one Spark task per block."""
+    task_blocks = [{k: b[k] for k in ("blk", "path", "start", "end", "first_line", "row_base")
+                    if k in b} for b in blocks]
+
+    def run(batches):
+        for batch in batches:
+            for k in batch.column(0).to_numpy():
+                yield from fn(task_blocks[int(k)])
+
+    ids = spark.range(0, len(blocks), 1, numPartitions=len(blocks))
+    with warnings.catch_warnings():  # pyspark's pandas-version warning; no pandas used
+        warnings.simplefilter("ignore", FutureWarning)
+        return ids.mapInArrow(run, schema)
 
 
-def _count_ids(F, parsed, train_end: int, cfg: PreprocessConfig,
+def _count_lines(spark, blocks: list[dict], chunk_bytes: int) -> None:
+    def count(b):
+        import pyarrow as pa
+
+        n = sum(c.count(b"\n") for c in block_chunks(b["path"], b["start"], b["end"], chunk_bytes))
+        yield pa.RecordBatch.from_pydict({"blk": [b["blk"]], "n": [n]})
+
+    got = {int(r["blk"]): int(r["n"])
+           for r in _map_blocks(spark, blocks, count, "blk long, n long").collect()}
+    if len(got) != len(blocks):
+        raise RuntimeError(f"spark: {len(got)} of {len(blocks)} blocks counted their lines")
+    for b in blocks:
+        b["n"] = got[b["blk"]]
+
+
+def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConfig,
                existing: Vocabulary | None) -> IdCounter:
-    """Per-feature id counts over the training rows; ids under min_count (and not already in the
-    vocabulary) are dropped in Spark, the rest collected."""
-    pairs = (parsed.where(F.col("reason").isNull() & (F.col("row") < train_end))
-             .select(F.explode(F.array(*[F.struct(F.lit(j).alias("f"), F.col(c).alias("hex"))
-                                         for j, c in enumerate(SPARSE_NAMES)])).alias("p"))
-             .select("p.f", "p.hex").where(F.col("hex").isNotNull()))
-    counts = pairs.groupBy("f", "hex").agg(F.count(F.lit(1)).alias("n"))
+    """Per-feature id counts over the training rows (tasks count, Spark's shuffle sums); ids
+    under min_count (and not already in the vocabulary) are dropped in Spark, the rest collected."""
+    chunk_bytes = cfg.chunk_bytes
+
+    def count(b):
+        import pyarrow as pa
+
+        counter = IdCounter()
+        quiet = RejectLog(path=None, max_fraction=1.0)  # the writing pass records the rejects
+        line = b["first_line"]
+        offset = b["row_base"] - b["first_line"] + 1
+        for buf in block_chunks(b["path"], b["start"], b["end"], chunk_bytes):
+            parsed = _parse_block(buf, line, b["path"], quiet)
+            line += buf.count(b"\n")
+            keep = parsed.line - 1 + offset < train_end
+            counter.add(parsed.sparse[keep], parsed.sparse_present[keep])
+        f = np.concatenate([np.full(len(a), j, np.int32) for j, a in enumerate(counter.ids)])
+        yield pa.RecordBatch.from_pydict({"f": f, "id": np.concatenate(counter.ids),
+                                          "n": np.concatenate(counter.counts)})
+
+    train = [b for b in blocks if b["row_base"] < train_end]
+    if not train:
+        return IdCounter()
+    counts = (_map_blocks(spark, train, count, "f int, id long, n long")
+              .groupBy("f", "id").agg(F.sum("n").alias("n")))
     keep = F.col("n") >= cfg.vocab.min_count
     if existing is not None and any(len(a) for a in existing.ids):
-        spark = parsed.sparkSession
         known = spark.createDataFrame(
-            [(j, f"{int(i):08x}") for j, a in enumerate(existing.ids) for i in a],
-            "f int, hex string").withColumn("known", F.lit(True))
-        counts = counts.join(F.broadcast(known), ["f", "hex"], "left")
+            [(j, int(i)) for j, a in enumerate(existing.ids) for i in a],
+            "f int, id long").withColumn("known", F.lit(True))
+        counts = counts.join(F.broadcast(known), ["f", "id"], "left")
         keep = keep | F.col("known").isNotNull()
-    table = counts.where(keep).select("f", "hex", "n").toArrow()
+    table = counts.where(keep).select("f", "id", "n").toArrow()
     counter = IdCounter()
     f = table.column("f").to_numpy()
-    ids = _parse_hex(table.column("hex"), table.num_rows)[0].astype(np.int64)
-    n = table.column("n").to_numpy()
+    ids = table.column("id").to_numpy().astype(np.int64)
+    n = table.column("n").to_numpy().astype(np.int64)
     for j in range(NUM_SPARSE):
         sel = f == j
         order = np.argsort(ids[sel], kind="stable")
-        counter.ids[j] = ids[sel][order].astype(np.int64)
-        counter.counts[j] = n[sel][order].astype(np.int64)
+        counter.ids[j] = ids[sel][order]
+        counter.counts[j] = n[sel][order]
     return counter
 
 
-def _part_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_sizes: np.ndarray,
-                 vocab_bc, cfg: PreprocessConfig):
-    """The mapInArrow function: a task's rows (its blocks, each in row order) -> parquet parts and
-    rejects parts with the pyarrow engine's writer; one result row per block."""
+def _block_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_sizes: np.ndarray,
+                  vocab_bc, cfg: PreprocessConfig):
+    """A block -> its parquet parts and rejects part, with the pyarrow engine's parser, transform
+    and writer; one result row."""
 
-    def write(batches):
+    def write(b):
         import pyarrow as pa
 
-        from recscale.data.preprocess import map_ids
-
         vocab = vocab_bc.value if vocab_bc is not None else None
-        schema = parquet_schema()
-        state: dict = {}
-
-        def close(st):
-            st["rejects"].close()
-            for w in st["writers"].values():
-                w.close()
-            files = {s: (str(w.path), w.rows, w.row_groups) for s, w in st["writers"].items()
-                     if w.rows}
-            return {"blk": st["blk"], "split_files": json.dumps(files), "written": st["written"],
-                    "rejected": st["rejects"].count, "by_reason": json.dumps(st["rejects"].by_reason),
-                    "present": st["present"].tolist()}
-
-        def open_block(blk):
-            return {"blk": blk, "last_row": -1, "written": 0,
-                    "present": np.zeros(NUM_SPARSE, dtype=np.int64),
-                    "rejects": RejectLog(path=Path(out) / "rejects" / f"part-{blk:05d}.tsv",
-                                         max_fraction=1.0),
-                    "writers": {s: _SplitWriter(Path(out) / s / f"part-{blk:05d}.parquet",
-                                                cfg.row_group_size, cfg.compression,
-                                                keep_empty=False) for s in SPLITS}}
-
-        done = []
-        for batch in batches:
-            blk = batch.column("blk").to_numpy()
-            starts = np.flatnonzero(np.concatenate([[True], blk[1:] != blk[:-1]]))
-            ends = np.concatenate([starts[1:], [len(blk)]])
-            for lo, hi in zip(starts, ends):
-                b = int(blk[lo])
-                if state.get("blk") != b:
-                    if state:
-                        done.append(close(state))
-                    state = open_block(b)
-                part = batch.slice(int(lo), int(hi - lo))
-                rows = part.column("row").to_numpy()
-                if rows[0] <= state["last_row"] or (len(rows) > 1 and (np.diff(rows) <= 0).any()):
-                    raise RuntimeError(f"block {b}: rows reached the writer out of order")
-                state["last_row"] = int(rows[-1])
-                reason = part.column("reason")
-                bad = reason.is_valid().to_numpy(zero_copy_only=False)
-                if bad.any():
-                    lines = part.column("line").to_numpy()
-                    raw = part.column("raw")
-                    texts = reason.to_pylist()
-                    for i in np.flatnonzero(bad):
-                        state["rejects"].add(sources[b], int(lines[i]), texts[i], raw[int(i)].as_py())
-                good = part.filter(pa.array(~bad)) if bad.any() else part
-                if good.num_rows == 0:
+        blk = b["blk"]
+        rejects = RejectLog(path=Path(out) / "rejects" / f"part-{blk:05d}.tsv", max_fraction=1.0)
+        writers = {s: _SplitWriter(Path(out) / s / f"part-{blk:05d}.parquet", cfg.row_group_size,
+                                   cfg.compression, keep_empty=False) for s in SPLITS}
+        present = np.zeros(NUM_SPARSE, dtype=np.int64)
+        written = 0
+        line = b["first_line"]
+        offset = b["row_base"] - b["first_line"] + 1
+        try:
+            for buf in block_chunks(b["path"], b["start"], b["end"], cfg.chunk_bytes):
+                parsed = _parse_block(buf, line, sources[blk], rejects)
+                line += buf.count(b"\n")
+                if not len(parsed):
                     continue
-                sparse = [good.column(c) for c in SPARSE_NAMES]
-                present = np.stack([a.is_valid().to_numpy(zero_copy_only=False) for a in sparse], 1)
-                raw_ids = np.stack([_parse_hex(a, good.num_rows)[0] for a in sparse], 1)
-                ids = map_ids(raw_ids, table_sizes, vocab)
-                state["present"] += present.sum(axis=0)
-                state["written"] += good.num_rows
-                cols = [good.column("row"), good.column("label")]
-                cols += [good.column(c) for c in DENSE_NAMES]
-                cols += [pa.array(ids[:, j], mask=~present[:, j]) for j in range(NUM_SPARSE)]
-                table = pa.Table.from_arrays(cols, schema=schema)
-                good_rows = table.column("row").to_numpy()
-                cut = np.searchsorted(good_rows, bounds, side="left")
-                start = 0
-                for split, stop in zip(SPLITS, cut):
-                    state["writers"][split].write(table.slice(start, stop - start))
-                    start = stop
-            if done:
-                yield pa.RecordBatch.from_pylist(done, schema=_result_arrow_schema())
-                done = []
-        if state:
-            yield pa.RecordBatch.from_pylist([close(state)], schema=_result_arrow_schema())
+                table = transform_block(parsed, offset, table_sizes, vocab)
+                rows = parsed.line - 1 + offset
+                present += parsed.sparse_present.sum(axis=0)
+                written += len(parsed)
+                cut = np.searchsorted(rows, bounds, side="left")
+                lo = 0
+                for split, hi in zip(SPLITS, cut):
+                    writers[split].write(table.slice(lo, hi - lo))
+                    lo = hi
+        finally:
+            rejects.close()
+            for w in writers.values():
+                w.close()
+        files = {s: (str(w.path), w.rows, w.row_groups) for s, w in writers.items() if w.rows}
+        yield pa.RecordBatch.from_pylist(
+            [{"blk": blk, "split_files": json.dumps(files), "written": written,
+              "rejected": rejects.count, "by_reason": json.dumps(rejects.by_reason),
+              "present": present.tolist()}], schema=_result_arrow_schema())
 
     return write
 
@@ -316,7 +296,10 @@ def preprocess_criteo_spark(
     out = prepare_output(out_dir)
     if not files:
         raise ValueError("no input files to preprocess")
-    lines, blocks = _read_blocks(spark, F, files)
+    paths = [os.path.abspath(f) for f in files]
+    blocks = _cut_blocks(paths, _block_bytes(spark))
+    if blocks:
+        _count_lines(spark, blocks, cfg.chunk_bytes)
     line_counts = _number_blocks(blocks, len(files))
     total = int(sum(line_counts))
     bounds = split_bounds(total, cfg.splits)
@@ -324,22 +307,10 @@ def preprocess_criteo_spark(
              time.perf_counter() - t0)
     if progress:
         progress(0, total)
-    if blocks:
-        meta = spark.createDataFrame(
-            [(b["path"], b["block_start"], b["blk"], b["first_line"], b["row_base"], b["min_mid"])
-             for b in blocks],
-            "path string, block_start long, blk long, first_line long, row_base long, min_mid long")
-        pos = F.col("mid") - F.col("min_mid")
-        located = lines.join(F.broadcast(meta), ["path", "block_start"]).select(
-            "blk", (F.col("first_line") + pos).alias("line"), (F.col("row_base") + pos).alias("row"),
-            "value")
-    else:
-        located = None
     vocab, vocab_path, vocab_bc = None, None, None
     if cfg.ids == "vocab":
         existing = load_vocabulary(cfg.vocab.path) if cfg.vocab.path else None
-        counter = _count_ids(F, _parse(F, located), int(bounds[0]), cfg, existing) \
-            if located is not None else IdCounter()
+        counter = _count_ids(spark, F, blocks, int(bounds[0]), cfg, existing)
         vocab, vocab_path = resolve_vocabulary(counter, cfg, out)
         table_sizes = np.asarray(vocab.table_sizes, dtype=np.int64)
         vocab_bc = spark.sparkContext.broadcast(vocab)
@@ -347,14 +318,10 @@ def preprocess_criteo_spark(
     else:
         table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
     results: list[_FileResult] = []
-    if located is not None:
+    if blocks:
         sources = {b["blk"]: files[b["file"]] for b in blocks}
-        writer = _part_writer(str(out.resolve()), sources, bounds, table_sizes, vocab_bc, cfg)
-        parsed = _parse(F, located)
-        with warnings.catch_warnings():  # pyspark's pandas-version warning; no pandas used
-            warnings.simplefilter("ignore", FutureWarning)
-            parts = parsed.mapInArrow(writer, _RESULT_SCHEMA)
-        for r in parts.collect():
+        writer = _block_writer(str(out.resolve()), sources, bounds, table_sizes, vocab_bc, cfg)
+        for r in _map_blocks(spark, blocks, writer, _RESULT_SCHEMA).collect():
             results.append(_FileResult(
                 index=int(r["blk"]),
                 split_files={s: tuple(v) for s, v in json.loads(r["split_files"]).items()},
