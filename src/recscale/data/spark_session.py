@@ -143,6 +143,9 @@ def make_spark_session(cfg: SparkConfig | None = None):
     os.environ.setdefault("PYSPARK_PYTHON", _python())
     if cfg.master.startswith("local"):  # one host: bind to loopback, no "resolves to" warning
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # py4j logs every gateway connection it closes at INFO, also from __del__ at interpreter
+    # exit (after logging's streams closed: "--- Logging error ---"); nothing a person needs
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     log4j = f"-Dlog4j2.configurationFile=file:{_log4j2_file(cfg.log_level)}"
     defaults = {"spark.ui.showConsoleProgress": "false",
                 "spark.driver.extraJavaOptions": log4j,
