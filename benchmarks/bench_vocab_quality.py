@@ -3,7 +3,7 @@
 the default model and training config, beside the generator's oracle AUC on the same rows, in one
 run (pyarrow engine: the Spark engine writes the same rows).
 
-    nice -n 5 python benchmarks/bench_vocab_quality.py                 # default size (1M rows)
+    nice -n 5 python benchmarks/bench_vocab_quality.py                 # default size (2M rows)
     nice -n 5 python benchmarks/bench_vocab_quality.py --rows 300000   # quicker
 """
 
