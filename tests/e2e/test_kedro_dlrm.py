@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -53,6 +54,8 @@ def test_dlrm_pipeline_records_params_metrics_history_and_model(finished_run):
         "sharding/step_time_report.txt", "sharding/calibrated_topology.yml"}
     topo = client.download_artifacts(run_id, "sharding/calibrated_topology.yml", str(proj / "dl"))
     assert yaml.safe_load(Path(topo).read_text()) == {"calibrated": False, "planned_on": "cpu-local"}
+    vocab = client.download_artifacts(run_id, "data/vocabulary.parquet", str(proj / "dl"))
+    assert pq.read_table(vocab).num_rows == 0  # ids: hash, so no vocabulary rows
     report = client.download_artifacts(run_id, "sharding/step_time_report.txt", str(proj / "dl"))
     assert "step time per rank, predicted vs measured" in Path(report).read_text()
     assert run["metrics.sharding.max_over_mean"] >= 1.0

@@ -6,6 +6,7 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,6 +20,8 @@ from recscale.data.vocab import (
     VocabularyMismatch,
     build_vocabulary,
     load_vocabulary,
+    vocab_schema,
+    vocabulary_table,
 )
 
 
@@ -91,6 +94,23 @@ def test_vocab_mode_counts_the_training_rows_like_plain_python(synthetic_tsv, tm
         if r in raw and not np.isnan(g):
             assert int(g) == vocab.lookup(2, np.array([raw[r]]))[0]
             assert (int(g) == OOV_INDEX) == (counts[2][int(raw[r])] < 3)
+
+
+def test_the_vocabulary_artifact_is_the_vocabulary_and_empty_when_ids_are_hashed(synthetic_tsv,
+                                                                               tmp_path):
+    cfg, rep = synthetic_tsv
+    pcfg = PreprocessConfig(ids="vocab", vocab=VocabConfig(min_count=2), row_group_size=8192)
+    out = preprocess_criteo([rep.path], tmp_path / "out", pcfg)
+    table = vocabulary_table(out.vocabulary_path)  # what the preprocess node logs to MLflow
+    vocab = load_vocabulary(out.vocabulary_path)
+    assert table.num_rows == sum(len(a) for a in vocab.ids) > 0
+    assert table.schema.equals(vocab_schema())
+    c1 = table.filter(pc.equal(table.column("feature"), "C1"))
+    assert c1.column("id").to_pylist() == vocab.ids[0].tolist()
+    assert c1.column("index").to_pylist() == list(range(1, len(vocab.ids[0]) + 1))
+    assert c1.column("count").to_pylist() == vocab.counts[0].tolist()
+    empty = vocabulary_table(None)  # ids: hash
+    assert empty.num_rows == 0 and empty.schema.equals(vocab_schema())
 
 
 def test_a_vocabulary_that_does_not_fit_the_data_is_refused_naming_it(synthetic_tsv, tmp_path):

@@ -106,6 +106,14 @@ class Vocabulary:
         return str(p)
 
 
+def vocabulary_table(path: str | os.PathLike | None) -> pa.Table:
+    """The vocabulary artifact at ``path`` as a table (feature, id, index, count); with no path
+    (``ids: hash``) an empty table of the same columns, so a run always says which it had."""
+    if path is None:
+        return vocab_schema().empty_table()
+    return pq.read_table(path, schema=vocab_schema())
+
+
 def load_vocabulary(path: str | os.PathLike,
                     features: Sequence[str] = SPARSE_NAMES) -> Vocabulary:
     """Read a vocabulary artifact; raises VocabularyMismatch naming what does not fit."""

@@ -7,6 +7,7 @@ import json
 from recscale.data.multihot import preprocess_multihot
 from recscale.data.preprocess import preprocess_criteo
 from recscale.data.source import prepare_raw
+from recscale.data.vocab import vocabulary_table
 from recscale.pipelines.common import as_metrics
 from recscale.progress import Progress
 from recscale.train import DLRMConfig
@@ -18,7 +19,9 @@ def generate_or_locate_raw(cfg: DLRMConfig) -> dict:
         return prepare_raw(cfg.data, progress=bar.update)
 
 
-def preprocess(raw_manifest: dict, cfg: DLRMConfig) -> tuple[dict, dict]:
+def preprocess(raw_manifest: dict, cfg: DLRMConfig):
+    """-> the dataset manifest, row metrics, and the vocabulary (``ids: vocab``; empty with
+    ``ids: hash``) as a DataFrame the catalog logs to MLflow."""
     with Progress(None, "preprocessing lines", unit="line") as bar:
         run = preprocess_multihot if raw_manifest.get("multi_hot") else preprocess_criteo
         report = run(raw_manifest["files"], cfg.preprocess.output_dir, cfg.preprocess,
@@ -30,4 +33,5 @@ def preprocess(raw_manifest: dict, cfg: DLRMConfig) -> tuple[dict, dict]:
                **{f"rows_{k}": v for k, v in report.split_rows.items()}}
     if "oracle_auc" in raw_manifest:
         metrics["oracle_auc_all_rows"] = raw_manifest["oracle_auc"]
-    return manifest, as_metrics(metrics)
+    vocabulary = vocabulary_table(manifest.get("vocabulary_path")).to_pandas()
+    return manifest, as_metrics(metrics), vocabulary
