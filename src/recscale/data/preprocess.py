@@ -211,6 +211,23 @@ class _FileResult:
     present: np.ndarray
 
 
+def write_split_rows(block: CriteoBlock, offset: int, table_sizes: np.ndarray,
+                     vocab: Vocabulary | None, bounds: np.ndarray, writers: dict,
+                     present: np.ndarray) -> np.ndarray:
+    """One parsed block -> its rows appended to each split's writer (``bounds``: where each split
+    starts, in global rows), its present ids counted into ``present``; -> the block's rows. Both
+    engines write through this."""
+    table = transform_block(block, offset, table_sizes, vocab)
+    rows = block.line - 1 + offset
+    present += block.sparse_present.sum(axis=0)
+    cut = np.searchsorted(rows, bounds, side="left")
+    lo = 0
+    for split, hi in zip(SPLITS, cut):
+        writers[split].write(table.slice(lo, hi - lo))
+        lo = hi
+    return rows
+
+
 def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, total: int,
                      table_sizes: np.ndarray, vocab: Vocabulary | None, cfg: PreprocessConfig,
                      out: Path, progress: Callable[[int, int], None] | None = None) -> _FileResult:
@@ -227,15 +244,8 @@ def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, tot
     written = 0
     try:
         for block in read_criteo_tsv(path, rejects, cfg.chunk_bytes):
-            table = transform_block(block, offset, table_sizes, vocab)
-            rows = block.line - 1 + offset
-            present += block.sparse_present.sum(axis=0)
+            rows = write_split_rows(block, offset, table_sizes, vocab, bounds, writers, present)
             written += len(block)
-            cut = np.searchsorted(rows, bounds, side="left")
-            lo = 0
-            for split, hi in zip(SPLITS, cut):
-                writers[split].write(table.slice(lo, hi - lo))
-                lo = hi
             if progress:
                 progress(int(rows[-1]) + 1, total)
     finally:

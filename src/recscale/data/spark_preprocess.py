@@ -54,7 +54,7 @@ from recscale.data.preprocess import (
     prepare_output,
     resolve_vocabulary,
     split_bounds,
-    transform_block,
+    write_split_rows,
 )
 from recscale.data.vocab import IdCounter, Vocabulary, load_vocabulary
 
@@ -242,15 +242,8 @@ def _block_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_s
                 line += buf.count(b"\n")
                 if not len(parsed):
                     continue
-                table = transform_block(parsed, offset, table_sizes, vocab)
-                rows = parsed.line - 1 + offset
-                present += parsed.sparse_present.sum(axis=0)
+                write_split_rows(parsed, offset, table_sizes, vocab, bounds, writers, present)
                 written += len(parsed)
-                cut = np.searchsorted(rows, bounds, side="left")
-                lo = 0
-                for split, hi in zip(SPLITS, cut):
-                    writers[split].write(table.slice(lo, hi - lo))
-                    lo = hi
         finally:
             rejects.close()
             for w in writers.values():
