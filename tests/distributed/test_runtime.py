@@ -25,7 +25,8 @@ def _train(manifest, world, out_dir, **train):
                                **train}, "train")
     plan = plan_sharding(table_specs(manifest, 16), Topology.preset("cpu-local", world_size=world),
                          tcfg.batch_size_per_rank) if world > 1 else None
-    return train_dlrm(manifest, parse(ModelConfig, SMALL, "model"), tcfg, plan, str(out_dir))
+    return train_dlrm(manifest, parse(ModelConfig, SMALL, "model"), tcfg, plan,
+                      None if out_dir is None else str(out_dir))
 
 
 def test_same_seed_same_world_size_gives_bitwise_identical_weights(parquet_dataset, tmp_path):
@@ -41,9 +42,17 @@ def test_same_seed_same_world_size_gives_bitwise_identical_weights(parquet_datas
     assert 0.55 < m["auc"] <= 1.0
 
 
-def test_pipelined_and_plain_training_give_identical_weights(parquet_dataset, tmp_path):
+def test_pipelined_and_plain_training_give_identical_weights(parquet_dataset, tmp_path,
+                                                            monkeypatch):
+    import tempfile
+
     a = _train(parquet_dataset, 2, tmp_path / "a", pipeline=True, max_steps=12)
-    b = _train(parquet_dataset, 2, tmp_path / "b", pipeline=False, max_steps=12)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    b = _train(parquet_dataset, 2, None, pipeline=False, max_steps=12)
+    # without an output directory the run's own scratch (rank 0's model state) is removed
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("recscale-train-")] == []
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert a.result.steps == b.result.steps == 12

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -171,18 +172,30 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
         local = serve_and_launch(job_worker, spec, lambda r: len(r[min(r)]["ranks"]))
         transitions = read_events(out_dir)
     else:
+        scratch = out_dir is None  # ours to remove: rank 0's model state is read back below
         out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")
-        local = launch(sharded_train_worker,
-                       (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
-                        plan.to_dict(), out_dir, run_id), train_cfg.launch)
+        try:
+            local = launch(sharded_train_worker,
+                           (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
+                            plan.to_dict(), out_dir, run_id), train_cfg.launch)
+            return (_load_trained(manifest, model_cfg, train_cfg, local[min(local)], local),
+                    local[min(local)]["ranks"], transitions)
+        finally:
+            if scratch:
+                shutil.rmtree(out_dir, ignore_errors=True)
     run = local[min(local)]  # every rank returns the whole run
+    return _load_trained(manifest, model_cfg, train_cfg, run, local), run["ranks"], transitions
+
+
+def _load_trained(manifest, model_cfg, train_cfg, run: dict, local: dict) -> DLRM:
+    """The model rank 0 wrote at the end of a sharded run, as a single-process CPU DLRM."""
     path = run["state_path"]
     if not os.path.exists(path):
         raise RuntimeError(f"ranks {sorted(local)} cannot read the model rank 0 wrote at {path}: "
                            "ranks on several hosts need an output directory they all see")
     model = build_model_for(manifest, model_cfg, train_cfg)
     model.load_state_dict(torch.load(path, weights_only=True))
-    return model, run["ranks"], transitions
+    return model
 
 
 def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, tables,
