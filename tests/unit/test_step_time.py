@@ -69,3 +69,84 @@ def test_the_lower_bound_is_reached_by_equal_whole_tables_one_per_rank():
     plan = plan_sharding(tables, Topology.preset("cpu-local"), 256)
     lb = plan_lower_bound(plan)
     assert plan.max_cost == pytest.approx(lb.value)
+
+
+# --- what a step costs beyond the planner's bandwidth terms ---------------------------------------
+def test_the_update_bytes_follow_the_distinct_ids_and_one_is_the_old_model():
+    from recscale.sharding.cost import TW, CostModel
+
+    topo = Topology.preset("cpu-local")
+    cm = CostModel(topo, 512, plan_sharding(_tables(2), topo, 512).options)
+    N, L, d = 50_000.0, 3.0, 64.0
+    base = cm.shards(TW, N, L, 1, N, d, 1, 1, 0.0)
+    assert float(cm.shards(TW, N, L, 1, N, d, 1, 1, 0.0, 1.0).compute) == float(base.compute)
+    lookups = 512 * 2 * L
+    opt = cm.opt_row + cm.opt_elem * d
+    for u in (0.1, 0.5):
+        got = cm.shards(TW, N, L, 1, N, d, 1, 1, 0.0, u)
+        # a row read per id; a row and its optimizer state read and written per distinct id
+        want = (lookups * (d * 4 + u * (2 * d * 4 + 2 * opt)) / topo.ddr_bw
+                + 2 * 512 * 2 * d * 4 / topo.ddr_bw)
+        assert float(got.compute) == pytest.approx(want, rel=1e-12)
+        assert float(got.comms) == float(base.comms)  # the wire carries every id either way
+
+
+def test_a_replica_is_costed_as_the_runtime_runs_it_on_the_global_batch():
+    """The runtime looks a data-parallel table up for the global batch on every replica (ids
+    gathered before, output gradients exchanged after), not locally + an all-reduce."""
+    from recscale.sharding.cost import TW, CostModel
+
+    topo = Topology.preset("cpu-local")
+    t = TableSpec("small", 500, 32, 2.0, constraints={"sharding_types": ["data_parallel"]},
+                  distinct_fraction=0.5)
+    plan = plan_sharding([t], topo, 256)
+    assert plan.tables[0].sharding_type == "data_parallel"
+    p = predict_step(plan, None)
+    cm = CostModel(topo, 256, plan.options)
+    whole = float(cm.shards(TW, 500, 2.0, 1, 500, 32, 1, 1, 0.0, 0.5).compute)
+    vec = 256 * 2.0  # the global batch's pooled vectors
+    assert p.parts["embedding"] == pytest.approx((whole, whole), rel=1e-12)
+    assert p.parts["input"] == pytest.approx(((vec * 2 * 8 + vec * 4) * cm.a2a,) * 2, rel=1e-12)
+    assert p.parts["output_grad"] == pytest.approx((vec * 32 * 4 * cm.a2a,) * 2, rel=1e-12)
+
+
+def test_the_output_assembly_is_counted_once_per_kind_of_piece():
+    topo = dataclasses.replace(Topology.preset("cpu-local"), assemble_s=1e-9)
+    tables = _tables(4, 32) + [TableSpec("tiny", 50, 32, 1.0,
+                                         constraints={"sharding_types": ["data_parallel"]})]
+    plan = plan_sharding(tables, topo, 512)
+    width = 5 * 32
+    off = predict_step(plan, None, topology=dataclasses.replace(topo, assemble_s=0.0))
+    on = predict_step(plan, None, topology=topo)
+    # the flat exchange's pieces and the replicas' rows: two column placements per rank
+    for a, b in zip(off.compute, on.compute):
+        assert b - a == pytest.approx(2 * 512 * width * 1e-9, rel=1e-9)
+    one = plan_sharding(_tables(4, 32), Topology.preset("cpu-local", world_size=1), 512)
+    one_topo = dataclasses.replace(one.topology, assemble_s=1e-9)
+    # one process, one fused module: nothing to assemble
+    assert predict_step(one, None, topology=one_topo) == predict_step(one, None)
+
+
+def test_the_interaction_is_costed_per_element_where_calibrated():
+    from recscale.config import parse
+    from recscale.model import ModelConfig
+    from recscale.train.calibrate import dense_spec
+
+    dot = dense_spec(ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(4, 1)), 3)
+    f = 4  # 3 tables + the bottom MLP's output
+    assert dot.interaction_flops_per_sample == 2 * f * f * 8
+    assert dot.interaction_per_sample == f * f * 8
+    top_in = 8 + f * (f - 1) // 2
+    mlp = 2 * (13 * 16 + 16 * 8) + 2 * (top_in * 4 + 4 * 1)
+    assert dot.flops_per_sample == mlp + 2 * f * f * 8
+    dcn = dense_spec(parse(ModelConfig, {"embedding_dim": 8, "bottom_mlp": [16, 8],
+                                         "top_mlp": [4, 1], "interaction": "dcn",
+                                         "dcn": {"num_layers": 2, "low_rank": 5}}, "model"), 3)
+    n = 8 + 3 * 8
+    assert dcn.flops_per_sample == 2 * (13 * 16 + 16 * 8) + 2 * (n * 4 + 4) + 2 * 4 * n * 5
+    assert dcn.interaction_per_sample == n + 2 * n
+    topo = Topology.preset("cpu-local")
+    assert dot.seconds(100, topo, 1e9) == pytest.approx(3 * 100 * dot.flops_per_sample / 1e9)
+    cal = dataclasses.replace(topo, interaction_s=1e-8)
+    assert dot.seconds(100, cal, 1e9) == pytest.approx(
+        3 * 100 * mlp / 1e9 + 100 * f * f * 8 * 1e-8)

@@ -50,7 +50,7 @@ def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
     tiers = [TIERS.index(t) for t in topo.tiers]
     n, m = grid.valid.shape
     W = topo.world_size
-    N, L, F = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None]
+    N, L, F, U = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None], arrays.U[:, None]
     total = {t: np.full((n, m), np.inf) for t in tiers}
     piece = np.full((n, m), np.inf)
     for j in range(m):
@@ -62,10 +62,10 @@ def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
                 continue  # replicas live in the compute tier
             c = 0.0 if t == ct else cache_fraction
             mean = cm.shards(kind, N, L, F, grid.mean_rows[:, j:j + 1],
-                             grid.mean_cols[:, j:j + 1], k, t, c).total[:, 0]
+                             grid.mean_cols[:, j:j + 1], k, t, c, U).total[:, 0]
             total[t][:, j] = np.where(ok, mean * shards, np.inf)
         wide = cm.shards(kind, N, L, F, grid.wide_rows[:, j:j + 1], grid.wide_cols[:, j:j + 1],
-                         k, ct, 0.0).total[:, 0]
+                         k, ct, 0.0, U).total[:, 0]
         piece[:, j] = np.where(ok, wide, np.inf)
     cost = np.stack([np.min(total[t], axis=1) for t in tiers], axis=1)  # (n, tiers)
     tot = _spread(cost, cm.storage_bytes(arrays.N, arrays.D), topo, tiers, ct,
@@ -104,6 +104,7 @@ def plan_lower_bound(plan) -> LowerBound:
     """The bound for a plan's tables (their constraints unknown to the plan: every option is
     allowed, which can only lower the bound, so it stays a bound)."""
     specs = [TableSpec(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor,
-                       feature_names=t.feature_names) for t in plan.tables]
+                       feature_names=t.feature_names, distinct_fraction=t.distinct_fraction)
+             for t in plan.tables]
     return lower_bound(specs, plan.topology, plan.batch_size_per_rank, plan.options,
                        plan.cache_fraction)

@@ -89,8 +89,8 @@ def option_costs(ctx: PlanContext, tier: np.ndarray, cache: np.ndarray) -> Optio
         kind, k = int(g.kind[j]), int(g.k[j])
         tj = np.full(ctx.n, ctx.ct) if kind == DP else tier
         cj = np.zeros(ctx.n) if kind == DP else cache
-        w = m.shards(kind, t.N, t.L, t.F, g.wide_rows[:, j], g.wide_cols[:, j], k, tj, cj)
-        a = m.shards(kind, t.N, t.L, t.F, g.mean_rows[:, j], g.mean_cols[:, j], k, tj, cj)
+        w = m.shards(kind, t.N, t.L, t.F, g.wide_rows[:, j], g.wide_cols[:, j], k, tj, cj, t.U)
+        a = m.shards(kind, t.N, t.L, t.F, g.mean_rows[:, j], g.mean_cols[:, j], k, tj, cj, t.U)
         mx[:, j] = w.total
         tot[:, j] = a.total * g.n_shards[:, j]
         wst[:, j] = w.storage

@@ -103,13 +103,16 @@ class CostModel:
         return rows * (cols * (self.wb + self.opt_elem) + self.opt_row)
 
     # --- the model -------------------------------------------------------------------------------
-    def shards(self, kind: int, N, L, F, rows, cols, k, tier, cache) -> ShardCosts:
+    def shards(self, kind: int, N, L, F, rows, cols, k, tier, cache, U=1.0) -> ShardCosts:
         """Costs of shards of ``kind`` (DP..TWCW) for tables with N rows, pooling L, F features.
 
         ``rows``/``cols`` are the shard's extent, ``k`` the number of shards of its table, ``tier``
-        the tier index, ``cache`` the cached fraction. All arguments broadcast.
+        the tier index, ``cache`` the cached fraction, ``U`` the distinct fraction of the ids (a
+        lookup reads a row per id; the backward reads and writes a row and its optimizer state
+        per distinct id). All arguments broadcast.
         """
-        N, L, F, rows, cols, k = (np.asarray(x, dtype=float) for x in (N, L, F, rows, cols, k))
+        N, L, F, rows, cols, k, U = (np.asarray(x, dtype=float)
+                                     for x in (N, L, F, rows, cols, k, U))
         tier = np.asarray(tier, dtype=np.int64)
         cache = np.where(tier == self.compute_tier, 0.0, np.asarray(cache, dtype=float))
         B, W, Lw = self.B, float(self.W), float(self.Lw)
@@ -128,7 +131,8 @@ class CostModel:
         else:
             vec = B * W * F  # pooled vectors of the global batch for this table
             lookups = vec * L * rows / N
-            compute = lookups * (3 * cols * wb + 2 * opt) * spb + 2 * vec * cols * 4 * cpb
+            compute = (lookups * (cols * wb + U * (2 * cols * wb + 2 * opt)) * spb
+                       + 2 * vec * cols * 4 * cpb)
             comms = (lookups * ib + vec * 4) * self.a2a
             out = vec * (cols * (self.fb + self.bb) + self.f_extra + self.b_extra)
             if kind in (TWRW, TWCW) and W > Lw:

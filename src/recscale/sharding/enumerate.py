@@ -25,6 +25,7 @@ class TableArrays:
     F: np.ndarray
     allowed: np.ndarray  # (n, 6) bool, columns in SHARDING_TYPES order
     pinned: np.ndarray  # (n,) tier index or -1
+    U: np.ndarray | None = None  # (n,) distinct fraction (TableSpec.distinct_fraction)
 
     @classmethod
     def build(cls, tables: list[TableSpec]) -> TableArrays:
@@ -46,6 +47,7 @@ class TableArrays:
             F=np.array([t.num_features for t in tables], dtype=float),
             allowed=allowed,
             pinned=pinned,
+            U=np.array([t.distinct_fraction for t in tables], dtype=float),
         )
 
 

@@ -97,6 +97,7 @@ class TablePlan:
     pooling_factor: float
     feature_names: tuple[str, ...]
     shards: tuple[ShardSpec, ...]
+    distinct_fraction: float = 1.0  # as TableSpec's
 
     @property
     def cost(self) -> float:
@@ -121,6 +122,8 @@ class TablePlan:
             "num_embeddings": self.num_embeddings, "embedding_dim": self.embedding_dim,
             "pooling_factor": self.pooling_factor, "feature_names": list(self.feature_names),
             "cost": self.cost, "shards": [s.to_dict() for s in self.shards],
+            **({"distinct_fraction": self.distinct_fraction}
+               if self.distinct_fraction != 1.0 else {}),
         }
 
     @classmethod
@@ -131,6 +134,7 @@ class TablePlan:
             pooling_factor=float(d["pooling_factor"]),
             feature_names=tuple(d["feature_names"]),
             shards=tuple(ShardSpec.from_dict(s) for s in d["shards"]),
+            distinct_fraction=float(d.get("distinct_fraction", 1.0)),
         )
 
 

@@ -116,7 +116,8 @@ def _assemble(specs, topo: Topology, batch_size_per_rank: int, opts: PlannerOpti
         table_plans.append(TablePlan(
             name=spec.name, sharding_type=kind, num_embeddings=spec.num_embeddings,
             embedding_dim=spec.embedding_dim, pooling_factor=spec.pooling_factor,
-            feature_names=spec.feature_names, shards=shards))
+            feature_names=spec.feature_names, shards=shards,
+            distinct_fraction=spec.distinct_fraction))
     ranks = tuple(
         RankPlan(rank=r, compute_cost=float(sol.compute[r]), comms_cost=float(sol.comms[r]),
                  hbm_bytes=float(sol.memory[0, r]), ddr_bytes=float(sol.memory[1, r]),

@@ -131,7 +131,7 @@ def cost_shards(ctx: PlanContext, lay: Layout, idx: np.ndarray) -> None:
     kind = int(lay.kind[idx[0]])
     tab = lay.table[idx]
     sc = ctx.model.shards(kind, t.N[tab], t.L[tab], t.F[tab], lay.row_len[idx],
-                          lay.col_len[idx], lay.k[idx], lay.tier[idx], lay.cache[idx])
+                          lay.col_len[idx], lay.k[idx], lay.tier[idx], lay.cache[idx], t.U[tab])
     lay.compute[idx] = sc.compute
     lay.comms[idx] = sc.comms
     need = np.zeros((idx.size, 3))

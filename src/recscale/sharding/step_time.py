@@ -3,8 +3,9 @@
 The planner balances the embedding part (``ShardSpec.compute_cost`` / ``comms_cost``, bandwidth
 terms only). A training step also has fixed and per-item costs that calibration measures
 (``Topology.*_op_s``, ``*_id_s``, ``bag_s``, the collectives' latency), the dense arch (bottom
-MLP, interaction, top MLP: forward + backward at ``Topology.dense_flops``, plus
-``dense_op_s`` for the loss and the optimizer step) and its gradient all-reduce, and the overlap
+MLP, interaction, top MLP: forward + backward at ``Topology.dense_flops``, the interaction at
+``interaction_s`` per element where calibrated, plus ``dense_op_s`` for the loss and the
+optimizer step) and its gradient all-reduce, and the overlap
 the runtime performs (``recscale.train.overlap``, ``train.pipeline: true``):
 
 - the next batch's input distribution (ids and lengths all-to-alls) is started while this batch
@@ -16,6 +17,13 @@ The exchange also works on the rank's own cores (bucketing ids, packing, codecs,
 rows; on a CPU gloo's copies too): ``Topology.exchange_op_s`` + bytes sent / ``exchange_bw``
 count as compute, overlapped or not, and so does a reduced-precision codec's work
 (``Topology.codec_s`` per element encoded or decoded).
+
+Where the runtime differs from what the planner balances, the prediction follows the runtime: a
+data-parallel replica looks up the global batch (ids gathered from every rank, output gradients
+exchanged after; not a local lookup + an all-reduce of the table), and the collection assembles
+its pieces into the [batch, tables x dim] output once per kind of piece (``Topology.assemble_s``
+per element; one process only where its tables sit in more than one tier). The update work of a
+table counts its distinct ids (``TablePlan.distinct_fraction``, measured in the data).
 
 Communication is what the runtime's ``CommStats`` measures: the embedding collectives' issue and
 wait time, which includes waiting for a slower rank. So the step is the slowest rank's compute +
@@ -34,7 +42,7 @@ import numpy as np
 
 from recscale.config import check
 
-from .cost import CostModel
+from .cost import DP, TW, CostModel
 from .plan import ShardingPlan
 from .topology import Topology
 from .types import PRECISION_BYTES, SHARDING_TYPES, TIERS
@@ -49,16 +57,25 @@ CALLS_PER_STEP = 4
 @dataclass(frozen=True)
 class DenseSpec:
     """The dense arch as the prediction needs it: forward FLOPs per sample (all of it and the
-    bottom MLP's), and the parameters DDP all-reduces."""
+    bottom MLP's), and the parameters DDP all-reduces; the interaction's own share:
+    ``interaction_flops_per_sample`` (part of ``flops_per_sample``) and
+    ``interaction_per_sample``, the elements it works on per sample (the dot's F x F x d
+    multiply-adds; cat's and the cross net's F x d concatenated values), which a calibrated
+    topology costs at ``Topology.interaction_s`` each instead of at the MLPs' FLOP rate: small
+    batched products and copies run far below it."""
 
     flops_per_sample: float
     bottom_flops_per_sample: float
     params: int
+    interaction_flops_per_sample: float = 0.0
+    interaction_per_sample: float = 0.0
 
     @classmethod
     def mlps(cls, num_dense: int, bottom: Sequence[int], top_in: int, top: Sequence[int],
-             interaction_flops: float = 0.0) -> DenseSpec:
-        """Bottom MLP ``num_dense -> bottom``, top MLP ``top_in -> top``."""
+             interaction_flops: float = 0.0, interaction_elements: float = 0.0,
+             extra_flops: float = 0.0, extra_params: int = 0) -> DenseSpec:
+        """Bottom MLP ``num_dense -> bottom``, top MLP ``top_in -> top``; the interaction's
+        forward FLOPs and elements per sample; ``extra_*``: other layers (a cross net)."""
         def layers(d_in, widths):
             f = p = 0
             for w in widths:
@@ -69,7 +86,17 @@ class DenseSpec:
 
         bf, bp = layers(num_dense, bottom)
         tf, tp = layers(top_in, top)
-        return cls(float(bf + tf + interaction_flops), float(bf), int(bp + tp))
+        return cls(float(bf + tf + interaction_flops + extra_flops), float(bf),
+                   int(bp + tp + extra_params), float(interaction_flops),
+                   float(interaction_elements))
+
+    def seconds(self, batch: float, topology: Topology, flops: float) -> float:
+        """Forward + backward (2x) of ``batch`` samples at ``flops`` FLOP/s, the interaction at
+        the topology's ``interaction_s`` where calibrated."""
+        if topology.interaction_s > 0:
+            mlp = self.flops_per_sample - self.interaction_flops_per_sample
+            return batch * (3 * mlp / flops + self.interaction_per_sample * topology.interaction_s)
+        return 3 * batch * self.flops_per_sample / flops
 
 
 @dataclass(frozen=True)
@@ -85,12 +112,32 @@ class StepPrediction:
 
 
 def _shard_costs(cm: CostModel, tp, s) -> tuple[float, float]:
-    """(compute, comms) seconds of one shard of table plan ``tp`` under ``cm``'s topology."""
+    """(compute, comms) seconds of one shard of table plan ``tp`` under ``cm``'s topology. A
+    data-parallel replica is costed as the runtime runs it: lookups and the fused update of the
+    global batch (every replica applies the same full-batch update), i.e. a whole table-wise
+    shard's compute; its exchange is costed by the caller."""
     kind = SHARDING_TYPES.index(tp.sharding_type)
     k = len(tp.shards) if tp.sharding_type != "data_parallel" else 1
+    if kind == DP:
+        kind = TW
     c = cm.shards(kind, tp.num_embeddings, tp.pooling_factor, len(tp.feature_names),
-                  s.row_length, s.col_length, k, TIERS.index(s.tier), s.cache_fraction)
+                  s.row_length, s.col_length, k, TIERS.index(s.tier), s.cache_fraction,
+                  tp.distinct_fraction)
     return float(c.compute), float(c.comms)
+
+
+def _assembly_passes(plan: ShardingPlan, tiers_on: list[set[str]]) -> np.ndarray:
+    """Per rank, how many times the collection places pieces into the [B, tables x dim] output:
+    the sharded collection once per kind of piece it receives (the flat exchange's, the
+    hierarchical one's, the replicas'); one process, once where its tables sit in more than one
+    tier (``MultiTierEmbeddingBags``), else never (one fused module)."""
+    if plan.world_size == 1:
+        return np.array([float(len(tiers_on[0]) > 1)])
+    hier = plan.topology.num_hosts > 1
+    kinds = {"dp" if tp.sharding_type == "data_parallel" else
+             "hier" if hier and tp.sharding_type in ("table_row_wise", "table_column_wise")
+             else "flat" for tp in plan.tables}
+    return np.full(plan.world_size, float(len(kinds)))
 
 
 def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: bool = True,
@@ -126,18 +173,25 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
         for s in tp.shards:
             r = s.rank
             tiers_on[r].add(s.tier)
-            compute_s, comms_s = ((s.compute_cost, s.comms_cost) if topology is None
+            # the planner's costs, except for a replica: the planner budgets it as a local lookup
+            # + an all-reduce of the table; the runtime looks up the global batch on every
+            # replica and exchanges the ids and the output gradients instead
+            compute_s, comms_s = ((s.compute_cost, s.comms_cost) if topology is None and not dp
                                   else _shard_costs(cm, tp, s))
-            vec = B * F if dp else B * W * F
+            vec = B * W * F  # pooled vectors of the global batch (every replica's too)
             ids = vec * L if dp else vec * L * s.row_length / N
             h = float(cm.hit_rate(s.cache_fraction)) if s.tier != ct else 1.0
             id_s = h * topo.id_seconds(ct) + (1 - h) * topo.id_seconds(s.tier)
             emb[r] += compute_s + ids * id_s + vec * topo.bag_s
-            if dp:
-                emb[r] += comms_s  # the replica's gradient all-reduce: with DDP's, compute
+            remote = (W - 1) / W
+            if dp:  # ids gathered from every rank before, output gradients after
+                if W > 1:
+                    inp[r] += (ids * cm.ib + vec * 4) * cm.a2a
+                    out_bwd[r] += vec * s.col_length * cm.bb * cm.a2a
+                    xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * s.col_length * cm.bb)
+                    xcodec[r] += float(cm.bb < 4) * 2 * remote * vec * s.col_length
                 continue
             i = (ids * cm.ib + vec * 4) * cm.a2a
-            remote = (W - 1) / W
             xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * (
                 s.col_length * (cm.fb + cm.bb) + cm.f_extra + cm.b_extra))
             xcodec[r] += 2 * coded * remote * vec * s.col_length
@@ -147,18 +201,20 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
             out_bwd[r] += rest * (1 - f_share)
     for r in range(W):
         emb[r] += sum(topo.op_seconds(t) for t in tiers_on[r])
+    emb += _assembly_passes(plan, tiers_on) * B * sum(
+        len(tp.feature_names) * tp.embedding_dim for tp in plan.tables) * topo.assemble_s
     if W > 1 and xbytes.any():
         emb += topo.exchange_op_s + (xbytes / topo.exchange_bw if topo.exchange_bw else 0.0)
         emb += xcodec * topo.codec_s
     flops = topo.dense_flops or DEFAULT_DENSE_FLOPS.get(topo.device, 2e10)
-    d_fwd = d_bottom = d_ar = 0.0
+    d_fb = d_bottom = d_ar = 0.0
     if dense is not None:
-        d_fwd = B * dense.flops_per_sample / flops
+        d_fb = dense.seconds(B, topo, flops)
         d_bottom = B * dense.bottom_flops_per_sample / flops
         if W > 1:
             db = PRECISION_BYTES[plan.options.comms.dense_allreduce]
             d_ar = 2 * (W - 1) / W * dense.params * db * cm.a2a * W / max(W - 1, 1) + lat
-    dense_s = 3 * d_fwd + topo.dense_op_s + d_ar  # forward + backward (2x) + fixed + all-reduce
+    dense_s = d_fb + topo.dense_op_s + d_ar  # forward + backward + fixed + all-reduce
     compute = emb + dense_s
     calls = CALLS_PER_STEP * lat if W > 1 and any(
         t.sharding_type != "data_parallel" for t in plan.tables) else 0.0

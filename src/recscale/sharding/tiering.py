@@ -75,7 +75,7 @@ def assign_tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float,
     W = ctx.W
     storage = m.storage_bytes(t.N, t.D)
     ct_tier = np.full(ctx.n, ctx.ct)
-    tw = m.shards(TW, t.N, t.L, t.F, t.N, t.D, 1, ct_tier, 0.0)
+    tw = m.shards(TW, t.N, t.L, t.F, t.N, t.D, 1, ct_tier, 0.0, t.U)
     dp = m.shards(DP, t.N, t.L, t.F, t.N, t.D, W, ct_tier, 0.0)
     others = g.valid.copy()
     others[:, ctx.dp_col] = False

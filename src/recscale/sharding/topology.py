@@ -83,6 +83,12 @@ class Topology:
     inter_node_lat_s: float = 0.0  # ... across hosts
     dense_flops: float = 0.0  # FLOP/s of the dense MLPs' forward + backward
     dense_op_s: float = 0.0  # seconds per step of the dense arch's fixed work (loss, optimizer)
+    # seconds per element of the interaction, forward + backward (step_time.DenseSpec); 0: its
+    # FLOPs at dense_flops
+    interaction_s: float = 0.0
+    # seconds per element of the [batch, tables x dim] pooled output that the sharded (or
+    # multi-tier) collection assembles from its pieces, forward + backward
+    assemble_s: float = 0.0
     # the sharded exchange's work on the rank's own cores (bucketing, packing, codecs, summing;
     # on a CPU also gloo's copies): seconds per step, and the bytes a rank sends per second
     exchange_op_s: float = 0.0
@@ -256,7 +262,7 @@ class Topology:
 # Fields only calibration sets (see the class); 0 = not measured.
 CALIBRATED = ("hbm_op_s", "ddr_op_s", "ssd_op_s", "hbm_id_s", "ddr_id_s", "ssd_id_s", "bag_s",
               "intra_node_lat_s", "inter_node_lat_s", "dense_flops", "dense_op_s",
-              "exchange_op_s", "exchange_bw", "codec_s")
+              "interaction_s", "assemble_s", "exchange_op_s", "exchange_bw", "codec_s")
 
 # SSD random-row read bandwidth assumed where a topology has no SSD tier of its own (a memory-mapped
 # file on a local NVMe drive; an assumption like the presets' SSD figures, not a measurement).

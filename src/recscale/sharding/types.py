@@ -147,6 +147,9 @@ class TableSpec:
     pooling_factor: float = 1.0
     feature_names: tuple[str, ...] = ()
     constraints: TableConstraints | None = None
+    # distinct ids / ids in a global batch (measured in the data; 1.0: every id its own row): a
+    # batch's backward updates each distinct row once
+    distinct_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         check(isinstance(self.name, str) and len(self.name) > 0, "name", self.name,
@@ -158,6 +161,9 @@ class TableSpec:
                            _positive_int(f"{where}: embedding_dim", self.embedding_dim))
         object.__setattr__(self, "pooling_factor",
                            _positive_float(f"{where}: pooling_factor", self.pooling_factor))
+        u = _positive_float(f"{where}: distinct_fraction", self.distinct_fraction)
+        check(u <= 1.0, f"{where}: distinct_fraction", u, "in (0, 1]")
+        object.__setattr__(self, "distinct_fraction", u)
         names = self.feature_names
         if isinstance(names, str):
             names = (names,)
@@ -204,6 +210,8 @@ class TableSpec:
             "pooling_factor": self.pooling_factor,
             "feature_names": list(self.feature_names),
             "constraints": None if self.constraints is None else self.constraints.to_dict(),
+            **({"distinct_fraction": self.distinct_fraction}
+               if self.distinct_fraction != 1.0 else {}),
         }
 
 

@@ -21,6 +21,7 @@ from recscale.comm import CommsConfig
 from recscale.config import ConfigError, to_dict
 from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import count_rows
+from recscale.data.stats import distinct_fractions
 from recscale.distributed import in_torchrun, launch, resolve_device, set_threads
 from recscale.distributed.job import make_spec, serve_and_launch
 from recscale.embedding.placement import placements_from_plan
@@ -57,12 +58,16 @@ def plan_for_run(manifest: dict, cfg: DLRMConfig, measured: Topology | None = No
     """The sharding plan of a run: the tables of ``manifest`` on ``sharding.topology`` (or the
     ``measured`` one calibration made) for ``sharding.world_size`` (null:
     ``train.launch.world_size``) ranks at the run's per-rank batch, with the run's embedding
-    optimizer and wire precisions, within ``train.tiers``' RAM budget."""
+    optimizer and wire precisions, within ``train.tiers``' RAM budget; the tables' distinct
+    fractions measured on the first global batches of the train split."""
     sh, train = cfg.sharding, cfg.train
     topo = train.tiers.budgeted(sh.topology_for(train.world_size, measured))
     opts = {**sh.options.to_dict(), "optimizer": train.embedding_optimizer.name,
             "comms": cfg.comms}
-    tables = table_specs_from_manifest(manifest, cfg.model.embedding_dim)
+    # the update work of a table is the distinct ids a global batch brings (the data's skew)
+    batch = train.batch_size_per_rank * topo.world_size
+    distinct = distinct_fractions(manifest, batch, max_batches=max(1, min(4, (1 << 18) // batch)))
+    tables = table_specs_from_manifest(manifest, cfg.model.embedding_dim, distinct)
     return plan_sharding(tables, topo, train.batch_size_per_rank, opts)
 
 
