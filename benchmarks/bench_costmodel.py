@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from recscale.config import parse
+from recscale.model import ModelConfig
 from recscale.sharding import Topology
 from recscale.sharding.step_time import predict_step
 from recscale.train import DLRMConfig, plan_for_run, train_dlrm
@@ -128,9 +129,12 @@ def main(argv=None) -> int:
           f"(largest {max(manifest['table_sizes']):,} rows) in {time.perf_counter() - t0:.0f} s",
           flush=True)
     # calibrate each layout a config runs: 1 rank using both cores, 2 ranks sharing them
+    # the configs' dense arch (the dim varies; calibration measures it at each of its dims), as
+    # the sharding pipeline's calibrate node passes the run's model
+    model = ModelConfig(embedding_dim=16, bottom_mlp=(128, 64, 16), top_mlp=(128, 64, 1))
     cals = {ws: calibrate(Topology.preset("cpu-local", world_size=ws),
                           CalibrationConfig(scratch_dir=scratch, num_threads=args.threads),
-                          progress_mode="off")
+                          model, len(manifest["table_sizes"]), progress_mode="off")
             for ws in sorted({spec[0] for spec in CONFIGS.values()})}
     from recscale.calibrate import format_calibration
 

@@ -41,7 +41,14 @@ def test_calibration_output_round_trips_as_a_topology(calibrated, tmp_path):
     # a preset's dict (and so every plan made from a preset) has no measured-only keys
     assert not set(CALIBRATED) & set(Topology.preset("zionex").to_dict())
     assert set(calibrated.metrics()) >= {"calibration.memory.id_s", "calibration.ssd_cache.bw",
-                                         "calibration.dense.flops"}
+                                         "calibration.dense.flops", "calibration.assembly.s"}
+    # ids drawn uniform and skewed (the data's kind): the skewed batches repeat ids, which the
+    # update term counts once
+    for part in ("memory", "ssd_cache"):
+        pts = calibrated.points[part]
+        assert {p["skew"] for p in pts} == set(TINY.skews)
+        assert all(p["distinct"] < 0.9 * p["ids"] for p in pts if p["skew"] > 0)
+        assert all(p["distinct"] <= p["ids"] for p in pts)
 
 
 def test_a_plan_from_a_calibrated_topology_is_valid(calibrated):

@@ -26,12 +26,15 @@ repetitions after a warm-up, on the slowest rank:
   ``intra_node_bw``, the rest of its step beyond the lookups gives ``exchange_op_s`` and
   ``exchange_bw`` (the exchange's work on the rank's cores). Across hosts: not measured here
   (``inter_node_*`` keep the base topology's).
-- the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step at two
-  batch sizes: ``dense_flops`` and ``dense_op_s``.
+- the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step of the
+  model at each embedding dim and three batch sizes: ``dense_flops`` (the MLPs), ``dense_op_s``
+  and ``interaction_s`` (per element of the interaction: its small batched products and copies
+  run far below the MLPs' FLOP rate).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -66,6 +69,9 @@ class CalibrationConfig(Validated):
 
     dims: tuple[int, ...] = (16, 128)
     poolings: tuple[int, ...] = (1, 8)
+    # id draws: uniform (0) and power-law with these exponents (data's skew: most batches repeat
+    # hot ids, which the backward updates once)
+    skews: tuple[float, ...] = (0.0, 1.2)
     batch_sizes: tuple[int, ...] = (256, 2048)
     tables: int = 4  # tables per in-memory module
     rows: int = 20000  # rows per in-memory table
@@ -97,6 +103,9 @@ class CalibrationConfig(Validated):
         check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
               self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
         check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
+        check(len(self.skews) >= 1 and all(isinstance(x, (int, float)) and 0 <= x <= 3
+                                           for x in self.skews),
+              f"{prefix}.skews", self.skews, "a non-empty list of exponents in [0, 3] (0: uniform)")
         check(self.num_threads is None or (isinstance(self.num_threads, int)
                                            and self.num_threads > 0),
               f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
@@ -144,10 +153,26 @@ def check_writable(path: str, what: str) -> str:
 
 
 # --- embeddings -----------------------------------------------------------------------------------
-def _batch(T: int, B: int, L: int, rows: int, g: torch.Generator) -> SparseFeatures:
+def _ids(n: int, rows: int, skew: float, g: torch.Generator,
+         perm: torch.Tensor | None = None) -> torch.Tensor:
+    """``n`` ids in ``[0, rows)``: uniform (``skew`` 0) or power-law with exponent ``skew`` (a
+    continuous Zipf by inverse transform), the hot ids scattered by ``perm`` as hashing does."""
+    if skew <= 0:
+        return torch.randint(0, rows, (n,), generator=g)
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    a = 1.0 - skew
+    x = ((float(rows) ** a - 1.0) * u + 1.0) ** (1.0 / a) if a else float(rows) ** u
+    ids = (x.floor().long() - 1).clamp_(0, rows - 1)
+    return ids if perm is None else perm[ids]
+
+
+def _batch(T: int, B: int, L: int, rows: int, g: torch.Generator, skew: float = 0.0,
+           perm: torch.Tensor | None = None) -> tuple[SparseFeatures, int]:
+    """A batch of ``T`` features (``L`` ids per sample) and its distinct ids (per table)."""
     lengths = torch.full((T, B), L, dtype=torch.int64)
-    values = torch.randint(0, rows, (T * B * L,), generator=g)
-    return SparseFeatures(("",) * T, values, lengths)
+    values = _ids(T * B * L, rows, skew, g, perm)
+    distinct = sum(int(v.unique().numel()) for v in values.view(T, B * L))
+    return SparseFeatures(("",) * T, values, lengths), distinct
 
 
 def _measure_module(make, cfg: CalibrationConfig, T: int, rows: int, progress) -> list[dict]:
@@ -156,28 +181,62 @@ def _measure_module(make, cfg: CalibrationConfig, T: int, rows: int, progress) -
     opt = EmbeddingOptimizerConfig(name=cfg.optimizer)
     pts = []
     g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(rows, generator=g)
     for d in cfg.dims:
         mod = make(opt, T, rows, d)
         try:
-            for L in cfg.poolings:
-                for B in cfg.batch_sizes:
-                    batches = [_batch(T, B, L, rows, g) for _ in range(cfg.reps + 1)]
-                    before = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
+            for L, B, skew in itertools.product(cfg.poolings, cfg.batch_sizes, cfg.skews):
+                drawn = [_batch(T, B, L, rows, g, skew, perm) for _ in range(cfg.reps + 1)]
+                batches = [b for b, _ in drawn]
+                distinct = statistics.mean(n for _, n in drawn[1:])
+                before = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
 
-                    def step(i, mod=mod, batches=batches):
-                        mod(batches[i + 1]).sum().backward()
+                def step(i, mod=mod, batches=batches):
+                    mod(batches[i + 1]).sum().backward()
 
-                    t = _median_time(step, cfg.reps)
-                    after = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
-                    look = after.get("lookups", 0) - before.get("lookups", 0)
-                    hits = after.get("hits", 0) - before.get("hits", 0)
-                    h = hits / look if look else 1.0
-                    pts.append({"dim": d, "pooling": L, "batch": B, "ids": T * B * L,
-                                "bags": T * B, "seconds": t, "hit_rate": h})
-                    progress()
+                t = _median_time(step, cfg.reps)
+                after = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
+                look = after.get("lookups", 0) - before.get("lookups", 0)
+                hits = after.get("hits", 0) - before.get("hits", 0)
+                h = hits / look if look else 1.0
+                pts.append({"dim": d, "pooling": L, "batch": B, "skew": skew,
+                            "ids": T * B * L, "distinct": distinct, "bags": T * B,
+                            "seconds": t, "hit_rate": h})
+                progress()
         finally:
             if hasattr(mod, "close"):
                 mod.close()
+    return pts
+
+
+def _measure_assembly(cfg: CalibrationConfig, num_tables: int, world: int, progress) -> list[dict]:
+    """The sharded collection's placing of the pooled vectors it received into the model's
+    [B, tables x dim] output (``ShardedEmbeddingCollection``: per-rank pieces concatenated, then
+    one column ``index_add`` per kind of shard; the backward gathers the columns back): per
+    output element, whatever the ranks."""
+    pts = []
+    g = torch.Generator().manual_seed(1)
+    for d in cfg.dims:
+        width = num_tables * d
+        cols = torch.randperm(width, generator=g)
+        pieces = [len(c) for c in torch.arange(width).chunk(max(world, 1))]
+        for B in cfg.batch_sizes:
+            wide = torch.randn(B * width, requires_grad=True)
+            grad = torch.randn(B, width)
+
+            def step(i, wide=wide, B=B, width=width, cols=cols, pieces=pieces, grad=grad):
+                parts, off = [], 0
+                for w in pieces:
+                    parts.append(wide[off: off + B * w].view(B, w))
+                    off += B * w
+                flat = torch.cat(parts, dim=1)
+                out = flat.new_zeros(B, width).index_add(1, cols, flat)
+                out.backward(grad)
+                wide.grad = None
+
+            pts.append({"dim": d, "batch": B, "elements": B * width,
+                        "seconds": _median_time(step, max(cfg.reps, 5))})
+            progress()
     return pts
 
 
@@ -185,36 +244,58 @@ def _measure_module(make, cfg: CalibrationConfig, T: int, rows: int, progress) -
 def dense_spec(model_cfg: ModelConfig, num_tables: int, num_dense: int = NUM_DENSE) -> DenseSpec:
     """The dense arch of ``model_cfg`` as the step-time prediction sees it."""
     top_in = interaction_dim(model_cfg, num_tables)
-    inter = 0.0
-    if model_cfg.interaction == "dot":
+    d = model_cfg.embedding_dim
+    if model_cfg.interaction == "dot":  # [B, F, d] x [B, d, F]
         f = num_tables + 1
-        inter = 2.0 * f * f * model_cfg.embedding_dim
-    return DenseSpec.mlps(num_dense, model_cfg.bottom_mlp, top_in, model_cfg.top_mlp, inter)
+        return DenseSpec.mlps(num_dense, model_cfg.bottom_mlp, top_in, model_cfg.top_mlp,
+                              2.0 * f * f * d, float(f * f * d))
+    cross_f = cross_p = 0  # cat: the concatenation; dcn: and the cross layers over it
+    n = layers = 0
+    if model_cfg.interaction == "dcn":
+        n, layers, r = top_in, model_cfg.dcn.num_layers, model_cfg.dcn.low_rank
+        cross_f, cross_p = layers * 4 * n * r, layers * (2 * n * r + n)
+    return DenseSpec.mlps(num_dense, model_cfg.bottom_mlp, top_in, model_cfg.top_mlp, 0.0,
+                          float(top_in + n * layers), float(cross_f), cross_p)
+
+
+def dense_model(model_cfg: ModelConfig, dim: int) -> ModelConfig:
+    """``model_cfg`` with embedding dim ``dim`` (and a bottom MLP ending at it, as the dot
+    interaction needs)."""
+    bottom = model_cfg.bottom_mlp
+    if model_cfg.interaction == "dot":
+        bottom = (*bottom[:-1], dim)
+    return replace(model_cfg, embedding_dim=dim, bottom_mlp=tuple(bottom))
 
 
 def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConfig, progress):
-    torch.manual_seed(0)
-    arch = DenseArch(NUM_DENSE, num_tables, model_cfg)
-    opt = torch.optim.Adam(arch.parameters(), lr=1e-3, foreach=True)
+    """The dense arch's forward + backward + optimizer step at each of ``cfg.dims`` (the
+    interaction's cost grows with the dim far from the MLPs' FLOP rate) and three batch sizes."""
     loss_fn = torch.nn.BCEWithLogitsLoss()
-    spec = dense_spec(model_cfg, num_tables)
     pts = []
     # three batch sizes at least (a fixed and a per-FLOP cost are fitted), 5 steps each at least
     sizes = sorted({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2})
-    for B in sizes:
-        x = torch.randn(B, NUM_DENSE)
-        emb = torch.randn(B, num_tables * model_cfg.embedding_dim)
-        y = torch.rand(B).round()
+    for d in cfg.dims:
+        mcfg = dense_model(model_cfg, d)
+        torch.manual_seed(0)
+        arch = DenseArch(NUM_DENSE, num_tables, mcfg)
+        opt = torch.optim.Adam(arch.parameters(), lr=1e-3, foreach=True)
+        spec = dense_spec(mcfg, num_tables)
+        for B in sizes:
+            x = torch.randn(B, NUM_DENSE)
+            emb = torch.randn(B, num_tables * d)
+            y = torch.rand(B).round()
 
-        def step(i, x=x, emb=emb, y=y):
-            loss = loss_fn(arch(x, emb), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            def step(i, x=x, emb=emb, y=y, arch=arch, opt=opt):
+                loss = loss_fn(arch(x, emb), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
 
-        pts.append({"batch": B, "flops": 3 * B * spec.flops_per_sample,
-                    "seconds": _median_time(step, max(cfg.reps, 5))})
-        progress()
+            mlp = spec.flops_per_sample - spec.interaction_flops_per_sample
+            pts.append({"dim": d, "batch": B, "flops": 3 * B * mlp,
+                        "interaction": B * spec.interaction_per_sample,
+                        "seconds": _median_time(step, max(cfg.reps, 5))})
+            progress()
     return pts
 
 
@@ -287,7 +368,9 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
         s0, c0, b0 = marks[0]
         n = reps
         # the ids this rank looks up: its T / W tables for the global batch
-        out.append({"dim": d, "precision": prec, "batch": B, "seconds": t,
+        # uniform ids: a table's owner sees W x B of them, distinct in expectation as below
+        distinct = T / W * cfg.rows * (1.0 - (1.0 - 1.0 / cfg.rows) ** (W * B))
+        out.append({"dim": d, "precision": prec, "batch": B, "seconds": t, "distinct": distinct,
                     "comm_seconds": (stats.total_seconds - s0) / n,
                     "calls": (sum(stats.calls.values()) - c0) / n,
                     "bytes": (sum(stats.bytes_sent.values()) - b0) / n})
@@ -298,16 +381,17 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
 
 # --- one rank's measurements -------------------------------------------------------------------------
 def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int, store: str,
-                 progress=None, sync=None) -> dict[str, list[dict]]:
+                 progress=None, sync=None, world: int = 1) -> dict[str, list[dict]]:
     """Every point of the calibration, in this process (one rank of the layout); ``sync``
     before each point keeps the ranks of a host measuring at the same time."""
     from recscale.embedding.cache import TieredEmbeddingBags
     from recscale.embedding.tbe import FusedEmbeddingBags
     from recscale.embedding.tier_config import TierConfig
 
-    per_module = len(cfg.dims) * len(cfg.poolings) * len(cfg.batch_sizes)
-    total = (per_module * len(cfg.tiers)
-             + len({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2}))
+    per_module = len(cfg.dims) * len(cfg.poolings) * len(cfg.batch_sizes) * len(cfg.skews)
+    total = (per_module * len(cfg.tiers) + len(cfg.dims)
+             * len({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2})
+             + len(cfg.dims) * len(cfg.batch_sizes))
     done = [0]
 
     def tick():
@@ -333,6 +417,7 @@ def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int
                                        / cfg.cache_fraction))
         pts[f"{tier}_cache"] = _measure_module(make, replace(cfg, tables=1), 1, rows, tick)
     pts["dense"] = _measure_dense(model_cfg, num_tables, cfg, tick)
+    pts["assembly"] = _measure_assembly(cfg, num_tables, world, tick)
     return pts
 
 
@@ -353,7 +438,7 @@ def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
     with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off",
                   log_every_s=3.0) as bar:
         pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
-                           bar, sync=dist.barrier)
+                           bar, sync=dist.barrier, world=ctx.world_size)
         if cfg.comms:
             pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
             pts["exchange"] = _measure_exchange(ctx, cfg)
@@ -428,15 +513,18 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
         if f"{tier}_cache" in pts:
             out.fits[f"{tier}_cache"] = fits.fit_cached(pts[f"{tier}_cache"], fast, wb, orow, oelem)
     out.fits["dense"] = fits.fit_dense(pts["dense"])
+    out.fits["assembly"] = fits.fit_assembly(pts["assembly"])
     if "intra_host" in pts:
         out.fits["intra_host"] = fits.fit_comms(pts["intra_host"], lws)
         out.fits["exchange"] = fits.fit_exchange(pts["exchange"], fast, wb, orow, oelem,
-                                             2 * cfg.tables)
+                                             2 * cfg.tables, out.fits["assembly"]["s"])
     ct = base.compute_tier
     kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
                           f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],
                           "dense_flops": out.fits["dense"]["flops"],
-                          "dense_op_s": out.fits["dense"]["op_s"]}
+                          "dense_op_s": out.fits["dense"]["op_s"],
+                          "interaction_s": out.fits["dense"]["interaction_s"],
+                          "assemble_s": out.fits["assembly"]["s"]}
     for tier in ("hbm", "ddr", "ssd"):
         fit = out.fits.get(f"{tier}_cache")
         if fit is not None and tier != ct:

@@ -24,15 +24,19 @@ def rel_err(X, y, coef) -> float:
     return float(np.median(np.abs(pred - y) / np.maximum(y, 1e-12)))
 
 
-def bytes(ids, bags, d, wb, opt_row, opt_elem):
-    """The cost model's bytes: ids x (3 x row + 2 x optimizer state) (tier), pooled (compute)."""
-    return ids * (3 * d * wb + 2 * (opt_row + opt_elem * d)), 2 * bags * d * 4
+def bytes(ids, bags, d, wb, opt_row, opt_elem, distinct=None):
+    """The cost model's bytes (``CostModel.shards``): a row read per id, a row and its optimizer
+    state read and written per distinct id (tier); pooled vectors and their gradients
+    (compute)."""
+    distinct = ids if distinct is None else distinct
+    return (ids * d * wb + distinct * (2 * d * wb + 2 * (opt_row + opt_elem * d)),
+            2 * bags * d * 4)
 
 
 def fit_memory(pts, wb, opt_row, opt_elem):
     X, y = [], []
     for p in pts:
-        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem)
+        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
         X.append([1.0, p["ids"], p["bags"], tb + pb])
         y.append(p["seconds"])
     X, y = np.array(X), np.array(y)
@@ -46,7 +50,7 @@ def fit_cached(pts, fast, wb, opt_row, opt_elem):
     misses' share of ids and bytes is fitted."""
     X, y = [], []
     for p in pts:
-        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem)
+        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
         h = p["hit_rate"]
         known = (p["ids"] * h * fast["id_s"] + p["bags"] * fast["bag_s"]
                  + (tb * h + pb) / fast["bw"])
@@ -62,11 +66,21 @@ def fit_cached(pts, fast, wb, opt_row, opt_elem):
 
 
 def fit_dense(pts):
-    X = np.array([[1.0, p["flops"]] for p in pts])
+    """Seconds = fixed + MLP FLOPs / rate + interaction elements x seconds each."""
+    X = np.array([[1.0, p["flops"], p.get("interaction", 0.0)] for p in pts])
     y = np.array([p["seconds"] for p in pts])
     c = nnls(X, y)
-    return {"op_s": c[0], "flops": 1.0 / c[1] if c[1] > 0 else 1e15,
+    return {"op_s": c[0], "flops": 1.0 / c[1] if c[1] > 0 else 1e15, "interaction_s": c[2],
             "fit_rel_err": rel_err(X, y, c)}
+
+
+def fit_assembly(pts):
+    """Seconds = fixed + output elements x seconds each (the fixed part is the collection's,
+    counted in the exchange's)."""
+    X = np.array([[1.0, p["elements"]] for p in pts])
+    y = np.array([p["seconds"] for p in pts])
+    c = nnls(X, y)
+    return {"op_s": c[0], "s": c[1], "fit_rel_err": rel_err(X, y, c)}
 
 
 def fit_comms(pts, W):
@@ -80,10 +94,11 @@ def fit_comms(pts, W):
     return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12, "fit_rel_err": rel_err(X, y, c)}
 
 
-def fit_exchange(pts, fast, wb, opt_row, opt_elem, T):
+def fit_exchange(pts, fast, wb, opt_row, opt_elem, T, assemble_s=0.0):
     """The exchange's communication per step (as ``CommStats`` counts it) = calls x latency +
     bytes sent / bandwidth; the rest of its step beyond the lookups (``fast``: the in-memory
-    fit) = a fixed cost + bytes sent / ``exchange_bw``."""
+    fit) and the output's assembly (``assemble_s`` per element, its own term) = a fixed cost +
+    bytes sent / ``exchange_bw``."""
     X = np.array([[p["calls"], p["bytes"]] for p in pts])
     y = np.array([p["comm_seconds"] for p in pts])
     c = nnls(X, y)
@@ -92,9 +107,10 @@ def fit_exchange(pts, fast, wb, opt_row, opt_elem, T):
     residual = {}
     for p in pts:
         ids = bags = T * p["batch"]
-        tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem)
+        tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
         lookup = ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
-        r = max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"], 0.0)
+        assembly = p["batch"] * T * p["dim"] * assemble_s  # its own term (Topology.assemble_s)
+        r = max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"] - assembly, 0.0)
         residual[(p["dim"], p.get("precision", "fp32"))] = r
         if p in fp32:
             Xc.append([1.0, p["bytes"]])
