@@ -18,6 +18,14 @@ On a CPU the DDR tier is the compute tier (the in-memory tier); ``ssd`` configs 
 budget so the planner spills the large tables to the SSD-backed cache. Calibration runs once per
 layout (1 rank; 2 ranks measuring at the same time), with the threads per rank training uses
 (``--threads``, default 1).
+
+``--hosts 2`` (root: network namespaces) adds jobs across 2 namespace hosts x 1 rank whose link is
+shaped to ``--rate``: the link is calibrated by ``recscale calibrate --link-endpoint`` run in both
+hosts (the rest of the topology is the 2-rank calibration: the same 2 cores), each job runs as a
+user runs one (the driver in host 0 plans on the calibrated file, host 1 runs ``recscale join``),
+and "before" is the preset with 1 rank per host.
+
+    sudo nice -n 5 .venv/bin/python benchmarks/bench_costmodel.py --hosts 2 --rate 1gbit
 """
 
 from __future__ import annotations
@@ -36,6 +44,12 @@ from recscale.sharding import Topology
 from recscale.sharding.step_time import predict_step
 from recscale.train import DLRMConfig, plan_for_run, train_dlrm
 from recscale.train.calibrate import CalibrationConfig, calibrate, dense_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+# across namespace hosts, 1 rank each: name: (dim, comms precision)
+HOST_CONFIGS = {"2h-d16-fp32": (16, "fp32"), "2h-d128-fp32": (128, "fp32"),
+                "2h-d16-fp16": (16, "fp16"), "2h-d128-fp16": (128, "fp16")}
+HOST_PORT = 29630
 
 # name: (ranks, dim, tier, comms precision)
 CONFIGS = {
@@ -99,6 +113,96 @@ def run_config(name, spec, manifest, cal_topo, args, scratch):
             "after_comm": after.comm[slow_pred] * 1e3, "spread": (min(steps), max(steps))}
 
 
+def _wait(proc, who: str, timeout: float) -> str:
+    import subprocess
+
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise SystemExit(f"{who} did not finish within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{who} failed:\n{out[-4000:]}")
+    return out
+
+
+def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
+    """The ``--hosts`` part (see the module docstring): one row per HOST_CONFIGS entry."""
+    import dataclasses
+    import json
+    import subprocess
+
+    sys.path.insert(0, str(ROOT))
+    from tests.multihost import netns as N
+    from tests.multihost.test_jobs import _env, config, drive_cmd, join_cmd
+
+    ok, why = N.available()
+    if not ok:
+        raise SystemExit(f"--hosts: cannot make namespace hosts here: {why}")
+    kw = dict(env=_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rows = []
+    rate = None if args.rate == "none" else args.rate
+    with N.NamespaceHosts(args.hosts, rate=rate, prefix="rscm") as hosts:
+        # the 2-rank calibration (this machine's cores shared by 2 ranks), 1 rank per host, and
+        # the link measured between the hosts
+        base = dataclasses.replace(cal2.topology.for_world(args.hosts, 1))
+        base_file = base.save(root / "hosts-base.yml")
+        topo_file = root / "hosts-calibrated.yml"
+        ep = f"{hosts[0].addr}:{HOST_PORT}"
+        cmd = [sys.executable, "-m", "recscale", "calibrate", "--link-endpoint", ep,
+               "--link-hosts", str(args.hosts), "--base", str(base_file), "--out", str(topo_file)]
+        procs = [h.popen(cmd + ["--link-rank", str(i)], **kw) for i, h in enumerate(hosts)]
+        outs = [_wait(p, f"link calibration on host {i}", 120) for i, p in enumerate(procs)]
+        print("  " + outs[0].strip().splitlines()[-2], flush=True)
+        cal_topo = Topology.load(topo_file)
+        for n, (name, (dim, prec)) in enumerate(HOST_CONFIGS.items()):
+            if args.only and not any(o in name for o in args.only.split(",")):
+                continue
+            steps, comps, comms = [], [], []
+            for rep in range(args.reps):
+                port = HOST_PORT + 1 + n * args.reps + rep
+                cfg = config(f"{hosts[0].addr}:{port}", args.hosts, args.hosts,
+                             root / f"ck-{name}-{rep}", max_steps=args.steps,
+                             batch_size_per_rank=args.batch, num_threads=args.threads,
+                             log_every=1000, checkpoint={"every_steps": 0})
+                cfg["model"] = {"embedding_dim": dim, "bottom_mlp": [128, 64, dim],
+                                "top_mlp": [128, 64, 1]}
+                cfg["sharding"] = {"local_world_size": 1, "topology": str(topo_file)}
+                cfg["comms"] = {"forward": prec, "backward": prec}
+                cfg["train"]["embedding_optimizer"] = {"name": "exact_rowwise_adagrad"}
+                out = root / f"job-{name}-{rep}"
+                driver = hosts[0].popen(drive_cmd(root, out.name, root / "parquet", cfg), **kw)
+                joiners = [h.popen(join_cmd(f"{hosts[0].addr}:{port}"), **kw)
+                           for h in list(hosts)[1:]]
+                _wait(driver, f"{name}: the driver", 300)
+                for i, j in enumerate(joiners, 1):
+                    _wait(j, f"{name}: host {i}", 60)
+                ex = json.loads((out / "result.json").read_text())["extra"]
+                slow = max(range(args.hosts), key=lambda r: ex[f"rank{r}.step_ms"])
+                steps.append(ex[f"rank{slow}.step_ms"])
+                comps.append(ex[f"rank{slow}.compute_ms"])
+                comms.append(ex[f"rank{slow}.comm_ms"])
+            dcfg = parse(DLRMConfig, cfg, "")
+            plan = plan_for_run(manifest, dcfg)  # what the driver planned (deterministic)
+            dense = dense_spec(dcfg.model, len(manifest["table_sizes"]))
+            preset = Topology.preset("cpu-local", world_size=args.hosts, local_world_size=1)
+            before = predict_step(plan, dense, dcfg.train.pipeline, topology=preset)
+            after = predict_step(plan, dense, dcfg.train.pipeline, topology=cal_topo.for_world(
+                args.hosts, 1))
+            slow_pred = max(range(args.hosts), key=lambda r: after.compute[r])
+            rows.append({"name": f"{name}-{args.rate}", "tiers": "ddr", "measured": statistics.median(steps),
+                         "measured_compute": statistics.median(comps),
+                         "measured_comm": statistics.median(comms),
+                         "before": before.step * 1e3, "after": after.step * 1e3,
+                         "after_compute": after.compute[slow_pred] * 1e3,
+                         "after_comm": after.comm[slow_pred] * 1e3,
+                         "spread": (min(steps), max(steps))})
+            r = rows[-1]
+            print(f"  {name}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
+                  f"{r['after']:.2f}", flush=True)
+    return rows
+
+
 def concordant(rows, key) -> tuple[int, int]:
     ok = n = 0
     for a, b in itertools.combinations(rows, 2):
@@ -120,6 +224,10 @@ def main(argv=None) -> int:
                    "and training alike (default 1: 2 ranks x 1 on 2 cores)")
     p.add_argument("--only", default="", help="run the configs whose name contains one of "
                    "these (comma-separated)")
+    p.add_argument("--hosts", type=int, default=0, help="also run HOST_CONFIGS across this many "
+                   "namespace hosts, 1 rank each (root; 0: not)")
+    p.add_argument("--rate", default="1gbit", help="the namespace hosts' links (tc tbf rate; "
+                   "none: unshaped veth)")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-costmodel-"))
     scratch = str(root / "tiers")
@@ -149,6 +257,8 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"  {name}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
               f"{r['after']:.2f}", flush=True)
+    if args.hosts:
+        rows += run_hosts(args, root, manifest, cals[2])
     print(f"\nper-step time (ms), measured median of {args.reps} runs x {args.steps} steps, "
           f"batch {args.batch}/rank; predicted before (preset cpu-local) / after calibration")
     head = (f"{'config':<18} {'tiers':<8} {'measured':>9} {'[min-max]':>13} {'before':>8} "

@@ -3,6 +3,13 @@
     recscale calibrate --out data/06_models/topology.yml
     kedro run --pipeline=dlrm --params=sharding.topology=data/06_models/topology.yml
 
+The link between hosts, one process on each host (host 0 serves at the endpoint and writes the
+file: the base's fields with ``inter_node_lat_s`` and ``inter_node_bw`` measured):
+
+    recscale calibrate --link-endpoint 10.0.0.1:29600 --link-rank 0 --link-hosts 2 \
+        --base data/06_models/topology.yml --out data/06_models/topology.yml   # on host 0
+    recscale calibrate --link-endpoint 10.0.0.1:29600 --link-rank 1 --link-hosts 2   # host 1
+
 Measures (``recscale.train.calibrate``), on the ranks a run puts on this machine, the lookup +
 fused update rate per memory tier, the collectives between them and the dense arch's step, in seconds to a minute, and writes the
 base preset's fields with the measured values. Exits 2 with a message where it cannot run (e.g. the
@@ -28,8 +35,8 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="recscale calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="data/06_models/topology.yml",
                    help="topology file to write (YAML; default %(default)s)")
-    p.add_argument("--base", default="cpu-local", help="preset whose fields are measured "
-                   "(default %(default)s; capacities and unmeasured links are kept)")
+    p.add_argument("--base", default="cpu-local", help="preset (or topology file) whose fields "
+                   "are measured (default %(default)s; capacities and unmeasured links are kept)")
     p.add_argument("--scratch-dir", default="", help="directory of the SSD-backed cache files "
                    "(default: the system temp directory)")
     p.add_argument("--tiers", default="memory,ddr,ssd", help="tiers to measure: memory and any "
@@ -40,6 +47,12 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                    "machine (default: the base's); they measure at the same time, as they train")
     p.add_argument("--no-comms", action="store_true", help="keep the base's link figures")
     p.add_argument("--progress", default="auto", choices=("auto", "bar", "log", "off"))
+    p.add_argument("--link-endpoint", default=None, help="measure only the link between hosts: "
+                   "host 0's address:port, one process per host")
+    p.add_argument("--link-rank", type=int, default=0, help="this host's index (0 writes --out)")
+    p.add_argument("--link-hosts", type=int, default=2, help="hosts measuring the link")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other "
+                   "hosts (default %(default)s)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("torch.distributed.elastic", "torch.distributed.launcher"):
@@ -53,7 +66,10 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         cfg = CalibrationConfig(dims=args.dims, reps=args.reps, scratch_dir=args.scratch_dir,
                                 tiers=tuple(t for t in args.tiers.split(",") if t),
                                 comms=not args.no_comms)
-        base = Topology.preset(args.base, local_world_size=args.ranks_per_host)
+        base = (Topology.load(args.base) if args.base.endswith((".yml", ".yaml", ".json"))
+                else Topology.preset(args.base, local_world_size=args.ranks_per_host))
+        if args.link_endpoint:
+            return _link(args, cfg, base)
         cal = calibrate(base, cfg, progress_mode=args.progress)
     except (CalibrationError, ConfigError) as e:
         print(f"recscale calibrate: {e}", file=sys.stderr)
@@ -61,6 +77,23 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     path = cal.topology.save(args.out)
     print(format_calibration(cal))
     print(f"wrote {path} in {cal.seconds:.1f} s; plan with sharding.topology={path}")
+    return 0
+
+
+def _link(args, cfg, base) -> int:
+    """``--link-endpoint``: the link between hosts into ``base`` (host 0 writes ``--out``)."""
+    from dataclasses import replace
+
+    from recscale.train.calibrate import measure_link
+
+    got = measure_link(args.link_rank, args.link_hosts, args.link_endpoint, cfg, args.timeout)
+    print(f"link across {args.link_hosts} hosts: latency {got['inter_node_lat_s'] * 1e6:.0f} us "
+          f"per call, {got['inter_node_bw'] / 1e6:.1f} MB/s per rank "
+          f"(fit error {got['fit']['fit_rel_err']:.2f})")
+    if args.link_rank == 0:
+        topo = replace(base, inter_node_lat_s=got["inter_node_lat_s"],
+                       inter_node_bw=got["inter_node_bw"])
+        print(f"wrote {topo.save(args.out)}")
     return 0
 
 

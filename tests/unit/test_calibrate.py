@@ -117,3 +117,45 @@ def test_predicted_over_measured_step_time_reaches_mlflow(parquet_dataset, calib
         metrics["step_ms.measured_over_predicted"]["value"])
     assert got["train.rank0.comm_ms.predicted"] == pytest.approx(
         metrics["rank0.comm_ms.predicted"]["value"])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
+    """Host 1 runs the CLI, host 0 (here) the library; host 0's file is the base with the
+    link's latency and bandwidth, and a host that never comes is named with the endpoint."""
+    import os
+    import subprocess
+    import sys
+
+    from recscale.calibrate import calibrate_main
+    from recscale.sharding import Topology
+
+    ep = f"127.0.0.1:{_free_port()}"
+    base = Topology.preset("cpu-local", world_size=2, local_world_size=1)
+    base_file = base.save(tmp_path / "base.yml")
+    peer = subprocess.Popen([sys.executable, "-m", "recscale", "calibrate", "--link-endpoint", ep,
+                             "--link-rank", "1", "--link-hosts", "2", "--reps", "1"],
+                            env=dict(os.environ, DO_NOT_TRACK="true"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        rc = calibrate_main(["--link-endpoint", ep, "--link-rank", "0", "--link-hosts", "2",
+                             "--reps", "1", "--base", str(base_file),
+                             "--out", str(tmp_path / "t.yml")])
+        out, _ = peer.communicate(timeout=60)
+    finally:
+        peer.kill()
+    assert rc == 0 and peer.returncode == 0, out
+    got = Topology.load(tmp_path / "t.yml")
+    assert got.inter_node_lat_s > 0 and got.inter_node_bw > 0
+    assert dataclasses.replace(got, inter_node_lat_s=0.0, inter_node_bw=base.inter_node_bw) == base
+    with pytest.raises(CalibrationError, match=rf"2 hosts did not all reach {ep}"):
+        from recscale.train.calibrate import measure_link
+
+        measure_link(0, 2, ep, TINY, timeout_s=2)

@@ -24,8 +24,9 @@ repetitions after a warm-up, on the slowest rank:
   runtime's own exchange (``ShardedEmbeddingCollection``, table-wise shards, forward + backward):
   its communication as ``CommStats`` counts it (what a run reports) gives ``intra_node_lat_s`` and
   ``intra_node_bw``, the rest of its step beyond the lookups gives ``exchange_op_s`` and
-  ``exchange_bw`` (the exchange's work on the rank's cores). Across hosts: not measured here
-  (``inter_node_*`` keep the base topology's).
+  ``exchange_bw`` (the exchange's work on the rank's cores). Across hosts: ``measure_link``, one
+  process per host (``recscale calibrate --link-endpoint``), gives ``inter_node_lat_s`` and
+  ``inter_node_bw``.
 - the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step of the
   model at each embedding dim and three batch sizes: ``dense_flops`` (the MLPs), ``dense_op_s``
   and ``interaction_s`` (per element of the interaction: its small batched products and copies
@@ -45,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 import recscale.train.calibration_fits as fits
@@ -57,6 +59,9 @@ from recscale.sharding.step_time import DenseSpec
 from recscale.sharding.types import OPTIMIZER_STATE
 
 NUM_DENSE = 13
+
+
+LINK_SIZES = (1 << 16, 1 << 19, 1 << 21, 1 << 23)  # bytes per all-to-all across hosts
 
 
 class CalibrationError(RuntimeError):
@@ -300,7 +305,7 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
 
 
 # --- collectives -------------------------------------------------------------------------------------
-def _measure_comms(sizes, reps) -> list[dict]:
+def _measure_comms(sizes, reps, collectives=("all_to_all", "all_reduce")) -> list[dict]:
     """Inside the group: all-to-all and all-reduce of each size (the slowest rank's time)."""
     import torch.distributed as dist
 
@@ -313,11 +318,77 @@ def _measure_comms(sizes, reps) -> list[dict]:
         y = torch.empty_like(x)
         for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
                          ("all_reduce", lambda y=y: dist.all_reduce(y))):
+            if name not in collectives:
+                continue
             dist.barrier()
             t = torch.tensor([_median_time(lambda i, fn=fn: fn(), reps)])
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             out.append({"collective": name, "bytes": n * 4, "seconds": float(t)})
     return out
+
+
+def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
+                 timeout_s: float = 60.0) -> dict[str, Any]:
+    """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
+    the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
+    ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
+    (``_measure_exchange``), whose communication as ``CommStats`` counts it is fitted to latency
+    per call + bytes each rank sends: ``{"inter_node_lat_s", "inter_node_bw", "fit",
+    "collectives", "points", "exchange"}``.
+    A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    cfg = cfg or CalibrationConfig()
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise CalibrationError(f"link endpoint {endpoint!r}: expected host:port")
+    if not 0 <= rank < world_size or world_size < 2:
+        raise CalibrationError(f"link rank {rank} of {world_size}: expected 0 <= rank < world "
+                               "and a world of 2 hosts or more")
+    timeout = timedelta(seconds=timeout_s)
+    # gloo listens on the interface that routes to host 0 (in a namespace or on a host with
+    # several interfaces the host name may resolve to an address the peers cannot reach)
+    from recscale.distributed.netaddr import interface_of, route_addr
+
+    try:
+        ifname = interface_of(route_addr(endpoint))
+    except OSError as e:
+        raise CalibrationError(f"link calibration: no route to {endpoint} ({e})") from e
+    if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    try:
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
+                              wait_for_workers=True)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
+    except (RuntimeError, dist.DistStoreError) as e:
+        raise CalibrationError(f"link calibration: the {world_size} hosts did not all reach "
+                               f"{endpoint} within {timeout_s:.0f} s ({e})") from e
+    try:
+        set_threads(cfg.num_threads or 1, 1)
+        # the exchange's collective, up to the sizes a step sends (a shaped link's burst
+        # allowance flatters small messages only)
+        pts = _measure_comms(LINK_SIZES, max(3 * cfg.reps, 7), ("all_to_all",))
+        # and the runtime's own exchange across the link: its communication as CommStats
+        # counts it is what a run's comm time is made of (a shaped link's TCP under the
+        # exchange's pattern is slower than under a lone all-to-all)
+        from types import SimpleNamespace
+
+        ctx = SimpleNamespace(rank=rank, world_size=world_size,
+                              sparse_group=dist.new_group(backend="gloo", timeout=timeout))
+        xpts = _measure_exchange(ctx, cfg)
+    finally:
+        dist.destroy_process_group()
+    fit = fits.fit_comms(pts, world_size)
+    X = np.array([[p["calls"], p["bytes"]] for p in xpts])
+    y = np.array([p["comm_seconds"] for p in xpts])
+    c = fits.nnls(X, y)
+    xfit = {"lat_s": float(c[0]), "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
+            "fit_rel_err": fits.rel_err(X, y, c)}
+    return {"inter_node_lat_s": xfit["lat_s"], "inter_node_bw": xfit["bw"], "fit": xfit,
+            "collectives": fit, "points": pts, "exchange": xpts}
 
 
 def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
