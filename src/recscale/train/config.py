@@ -55,6 +55,9 @@ class DenseOptimizerConfig(Validated):
     use (null: all of it; each rank takes its first curvature_batch_size / world_size rows).
     ``warmup_steps``: the first-order optimizers' learning rate rises linearly from
     learning_rate / warmup_steps to learning_rate over that many steps (the large-batch recipe).
+    ``decay_steps``: after ``decay_start_step`` steps, the rate falls polynomially
+    ((1 - t / decay_steps) ** decay_power, t the steps since the start) to 0 over that many steps,
+    as the MLPerf DLRM's schedule; 0 turns it off.
     """
 
     name: str = "adagrad"
@@ -62,6 +65,9 @@ class DenseOptimizerConfig(Validated):
     momentum: float = 0.0
     weight_decay: float = 0.0
     warmup_steps: int = 0
+    decay_start_step: int = 0
+    decay_steps: int = 0
+    decay_power: float = 2.0
     curvature_batch_size: int | None = None
     hf: HessianFreeConfig = field(default_factory=HessianFreeConfig)
 
@@ -71,6 +77,10 @@ class DenseOptimizerConfig(Validated):
         check(0 <= self.momentum < 1, f"{prefix}.momentum", self.momentum, "in [0, 1)")
         check(self.weight_decay >= 0, f"{prefix}.weight_decay", self.weight_decay, ">= 0")
         check(self.warmup_steps >= 0, f"{prefix}.warmup_steps", self.warmup_steps, ">= 0")
+        check(self.decay_start_step >= 0, f"{prefix}.decay_start_step", self.decay_start_step,
+              ">= 0")
+        check(self.decay_steps >= 0, f"{prefix}.decay_steps", self.decay_steps, ">= 0")
+        check(self.decay_power > 0, f"{prefix}.decay_power", self.decay_power, "> 0")
         check(self.curvature_batch_size is None or self.curvature_batch_size > 0,
               f"{prefix}.curvature_batch_size", self.curvature_batch_size,
               "null or a positive integer")

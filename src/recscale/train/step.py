@@ -41,10 +41,13 @@ def make_dense_optimizer(params, cfg: DenseOptimizerConfig,
                                foreach=True)
     else:  # shampoo, soap: the optional extra `second_order`
         opt = _second_order(params, cfg)
-    if cfg.warmup_steps:  # kept in the param group, so a checkpoint carries the schedule
+    if cfg.warmup_steps or cfg.decay_steps:  # kept in the param group: a checkpoint carries it
         for group in opt.param_groups:
             group["base_lr"], group["warmup_steps"], group["warmup_done"] = (
                 cfg.learning_rate, cfg.warmup_steps, 0)
+            if cfg.decay_steps:
+                group["decay_start_step"], group["decay_steps"], group["decay_power"] = (
+                    cfg.decay_start_step, cfg.decay_steps, cfg.decay_power)
     return opt
 
 
@@ -63,12 +66,17 @@ def _second_order(params, cfg: DenseOptimizerConfig) -> torch.optim.Optimizer:
 
 
 def dense_step(opt: torch.optim.Optimizer) -> None:
-    """``opt.step()`` after the warm-up (``train.dense_optimizer.warmup_steps``) set its rate."""
+    """``opt.step()`` after the schedule (``train.dense_optimizer``: linear warm-up, polynomial
+    decay) set its rate; ``warmup_done`` counts the steps taken under it."""
     for group in opt.param_groups:
-        n = group.get("warmup_steps", 0)
-        if n:
+        n, d = group.get("warmup_steps", 0), group.get("decay_steps", 0)
+        if n or d:
             group["warmup_done"] = done = group["warmup_done"] + 1
-            group["lr"] = group["base_lr"] * min(1.0, done / n)
+            rate = group["base_lr"] * (min(1.0, done / n) if n else 1.0)
+            since = done - 1 - group.get("decay_start_step", 0)  # steps since the decay began
+            if d and since >= 0:
+                rate *= max(0.0, 1.0 - since / d) ** group["decay_power"]
+            group["lr"] = rate
     opt.step()
 
 
