@@ -216,8 +216,9 @@ def link_bytes(plan: ShardingPlan) -> dict[str, Any]:
     """The traffic estimate's bytes per iteration (summed over ranks), split into intra-host and
     inter-host links as the estimate splits them (for the exchanges as built, hierarchical types
     included): {"intra": {term: bytes}, "inter": {term: bytes}, "estimate": the estimate}."""
+    from recscale.sharding.traffic import KEYS as terms
+
     est = estimate_comm_bytes(plan)
-    terms = ("input", "output", "output_grad", "dp_allreduce")
     return {"intra": {t: est[f"{t}.intra_host"] for t in terms},
             "inter": {t: est[f"{t}.inter_host"] for t in terms}, "estimate": est}
 

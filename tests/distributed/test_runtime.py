@@ -53,6 +53,16 @@ def test_pipelined_and_plain_training_give_identical_weights(parquet_dataset, tm
     b = _train(parquet_dataset, 2, None, pipeline=False, max_steps=12)
     # without an output directory the run's own scratch (rank 0's model state) is removed
     assert [p.name for p in scratch.iterdir() if p.name.startswith("recscale-train-")] == []
+    # the replicated tables' traffic is what the plan's estimate says: output-gradient rows
+    # exactly (12 full batches), ids within the data's pooling (the estimate uses its mean)
+    from recscale.sharding.traffic import estimate_comm_bytes
+
+    plan = plan_sharding(table_specs(parquet_dataset, 16), Topology.preset("cpu-local"), 1000)
+    assert any(t.sharding_type == "data_parallel" for t in plan.tables)
+    est = estimate_comm_bytes(plan, lengths_bytes=8)
+    for key, rel in (("dp_output_grad", 1e-12), ("dp_input", 0.05)):
+        got = sum(r.result.extra[f"rank{k}.bytes_per_step.{key}"] for r in (a,) for k in (0, 1))
+        assert got == pytest.approx(est[key], rel=rel), key
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert a.result.steps == b.result.steps == 12

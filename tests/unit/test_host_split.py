@@ -28,7 +28,7 @@ def test_the_plan_keeps_its_host_size_and_old_plans_load_as_one_host():
 @pytest.mark.parametrize("world,local", [(2, 2), (4, 2), (8, 2)])
 def test_the_estimate_splits_every_key(world, local):
     est = estimate_comm_bytes(_plan(world, local))
-    for key in ("input", "output", "output_grad", "dp_allreduce"):
+    for key in ("input", "output", "output_grad", "dp_input", "dp_output_grad"):
         assert est[f"{key}.intra_host"] + est[f"{key}.inter_host"] == pytest.approx(est[key])
     assert est["intra_host"] + est["inter_host"] == pytest.approx(est["total"])
     if world == local:

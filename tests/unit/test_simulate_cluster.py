@@ -74,7 +74,7 @@ def test_bytes_per_link_add_up_to_the_traffic_estimate(result):
     _, _, res = result
     links = res["link_bytes"]
     est = links["estimate"]
-    for term in ("input", "output", "output_grad", "dp_allreduce"):
+    for term in ("input", "output", "output_grad", "dp_input", "dp_output_grad"):
         assert links["intra"][term] + links["inter"][term] == pytest.approx(est[term], rel=1e-12)
         assert links["intra"][term] >= 0 and links["inter"][term] >= 0
     total = sum(links["intra"].values()) + sum(links["inter"].values())

@@ -18,22 +18,24 @@ from .plan import ShardingPlan
 from .types import PRECISION_BYTES
 
 HIER_TYPES = ("table_row_wise", "table_column_wise")
-KEYS = ("input", "output", "output_grad", "dp_allreduce")
+KEYS = ("input", "output", "output_grad", "dp_input", "dp_output_grad")
 
 
 def estimate_comm_bytes(plan: ShardingPlan, lengths_bytes: int = 4) -> dict[str, float]:
     """-> {"input": ids + lengths, "output": pooled forward, "output_grad": backward,
-    "dp_allreduce": replicated-table gradients, "total": the sum}, summed over all ranks; and the
-    split of each into ``<key>.intra_host`` / ``<key>.inter_host``, with totals ``intra_host``
-    and ``inter_host``. The data-parallel all-reduce counts as inter-host when the plan spans
-    more than one host (a flat ring crosses hosts), else intra-host."""
+    "dp_input" / "dp_output_grad": the replicated tables' exchanges, "total": the sum}, summed over
+    all ranks; and the split of each into ``<key>.intra_host`` / ``<key>.inter_host``, with totals
+    ``intra_host`` and ``inter_host``. Replicated (data-parallel) tables are served as the runtime
+    serves them: every rank sends its ids and lengths of all of them to every other rank (each
+    replica looks up the global batch), and after the backward its rows of their output gradient
+    (one row of all their columns per sample, in the backward wire precision), so that every
+    replica applies the same full-batch update; no table is all-reduced."""
     W, L = plan.world_size, plan.local_world_size
     H = W // L
     B = float(plan.batch_size_per_rank)
     opts = plan.options
     fb = PRECISION_BYTES[opts.comms.forward]
     bb = PRECISION_BYTES[opts.comms.backward]
-    db = PRECISION_BYTES[opts.comms.dense_allreduce]
     ib = opts.index_bytes
     lb = lengths_bytes
     intra = {k: 0.0 for k in KEYS}
@@ -45,12 +47,15 @@ def estimate_comm_bytes(plan: ShardingPlan, lengths_bytes: int = 4) -> dict[str,
         intra[key] += n_intra
         inter[key] += n_inter
 
+    dp_cols = 0  # the replicated tables' output columns: their gradient rows travel together
     for tp in plan.tables:
         F = len(tp.feature_names)
         P = tp.pooling_factor
         if tp.sharding_type == "data_parallel":
-            n = 2 * (W - 1) / W * W * tp.num_embeddings * tp.embedding_dim * db
-            add("dp_allreduce", 0.0 if H > 1 else n, n if H > 1 else 0.0)
+            n = W * (W - 1) * F * B * (lb + P * ib)  # every rank's to every other rank
+            near = (L - 1) / (W - 1) if W > 1 else 0.0
+            add("dp_input", n * near, n - n * near, n)
+            dp_cols += F * tp.embedding_dim
             continue
         if tp.sharding_type in HIER_TYPES and H > 1:  # on one host the two stages are flat
             # stage A / A': every rank off the owning host, once per table
@@ -72,6 +77,11 @@ def estimate_comm_bytes(plan: ShardingPlan, lengths_bytes: int = 4) -> dict[str,
                            ("output", remote * vec * s.col_length * fb),
                            ("output_grad", remote * vec * s.col_length * bb)):
                 add(key, n * near, n - n * near, n)
+    if dp_cols and W > 1:
+        row = dp_cols * bb + (8.0 if opts.comms.backward == "int8" else 0.0)  # + scale, bias
+        n = W * (W - 1) * B * row
+        near = (L - 1) / (W - 1)
+        add("dp_output_grad", n * near, n - n * near, n)
     out: dict[str, float] = {k: total[k] for k in KEYS}
     out["total"] = sum(out.values())
     for k in KEYS:
