@@ -192,7 +192,8 @@ def main() -> None:
               f"{_fmt(row['wall_s_to_target'], '.1f')} | {100 * row['best_val_error']:.1f}% | "
               f"{100 * row['test_error']:.1f}% | {row['step_s']:.3f} |")
 
-    print(f"\nrobustness: best validation error at batch {small} -> {large}")
+    if "small" in args.batches and "large" in args.batches:
+        print(f"\nrobustness: best validation error at batch {small} -> {large}")
     for name in sorted({r["optimizer"] for r in rows}):
         a = next((r for r in rows if r["optimizer"] == name and r["batch"] == small), None)
         b = next((r for r in rows if r["optimizer"] == name and r["batch"] == large), None)
