@@ -160,3 +160,44 @@ def test_state_dict_round_trip_keeps_damping_counters_and_warm_start():
     opt2.load_state_dict(state)
     assert opt2.damping == opt.damping and opt2.param_groups[0]["steps"] == 1
     torch.testing.assert_close(opt2.state[w2]["direction"], opt.state[w]["direction"])
+
+
+
+def test_a_warm_start_worse_than_no_step_is_shrunk_so_the_step_follows_its_model():
+    # f = 1/2 w'Aw - b'w is its own quadratic model (undamped minimum -500.5 at (1000, 1)). The stored
+    # direction (4000, 0) overshoots the soft axis: phi(x0) > 0 although g'x0 < 0, and one CG
+    # iteration from it stays at phi > 0, so its full step raises f from 0 to about +3900.
+    # Before the fix that direction was line-searched and 0.41 of it taken (f = -216, rho =
+    # -inf): the MNIST batch-800 collapse, where every solve warm-started from the last failed
+    # direction and never left it. Now the warm start is first shrunk to the model's minimum
+    # along it (damped: (500, 0)), and the full step is taken.
+    A = torch.diag(torch.tensor([1e-3, 1.0], dtype=torch.float64))
+    b = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    opt = HessianFree([w], damping=1e-3, cg_max_iters=1, warm_start_decay=1.0)
+    opt.state[w]["direction"] = torch.tensor([4000.0, 0.0], dtype=torch.float64)
+    opt.step(_quadratic_closure(w, A, b))
+    info = opt.last_step
+    assert info.accepted and info.alpha == 1.0  # the full step: the model holds
+    assert info.rho == pytest.approx(1.0, abs=1e-9)
+    assert info.new_loss < -375.0  # the damped model's minimum is -375.5
+
+
+def test_cg_shrinks_or_drops_a_warm_start_no_better_than_zero():
+    from recscale.optim import conjugate_gradient
+
+    A = torch.diag(torch.tensor([1e-3, 1.0], dtype=torch.float64))
+    b = torch.tensor([1.0, 1.0], dtype=torch.float64)
+
+    def solve(x0):
+        return conjugate_gradient(lambda v: A @ v, b, x0, max_iters=1)
+
+    cold = solve(None)
+    over = solve(torch.tensor([4000.0, 0.0], dtype=torch.float64))  # phi = 4000 > 0, b'x0 > 0
+    assert over.phi < cold.phi < 0 and all(it.phi < 0 for it in over.iterates)
+    assert over.products == cold.products + 1
+    uphill = solve(torch.tensor([-5.0, 0.0], dtype=torch.float64))  # b'x0 < 0: dropped
+    torch.testing.assert_close(uphill.x, cold.x)
+    good = torch.tensor([900.0, 1.0], dtype=torch.float64)  # phi < 0: used as it is
+    torch.testing.assert_close(solve(good).x, conjugate_gradient(
+        lambda v: A @ v, b - A @ good, None, max_iters=1).x + good)

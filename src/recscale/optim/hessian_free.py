@@ -6,8 +6,9 @@ One ``step`` does:
 2. a curvature operator B on the curvature batch (``curvature_closure``; default: the gradient
    batch): Gauss-Newton ``J' H_L J`` or the exact Hessian;
 3. solve ``(B + lambda I) p = -g`` with preconditioned CG (Martens' stopping rule, warm start
-   from the decayed previous direction) or Bi-CG-STAB; when a direction d with
-   ``d' (B + lambda I) d <= 0`` turns up the solver stops there;
+   from the decayed previous direction, shrunk to the model's minimum along it when it is no
+   better than 0) or Bi-CG-STAB; when a direction d with ``d' (B + lambda I) d <= 0`` turns up
+   the solver stops there;
 4. candidates: the CG iterate (after CG-iterate backtracking over iterates 1.3^j) and, if one was
    found, the direction of negative curvature signed to descend and scaled by its curvature; each
    goes through an Armijo backtracking line search and the lower loss wins;

@@ -88,6 +88,9 @@ def conjugate_gradient(
     stop_on_negative_curvature: stop when p' A p <= 0 and return p as ``negative_direction``
         (``x`` is then the iterate reached so far). Without it, CG carries on as if A were SPD.
     save: iteration numbers whose iterates to keep (the last one is always kept).
+    x0: the warm start; one with phi(x0) >= 0 (no better than 0 in the model) is shrunk to the
+        minimum of phi along it (or dropped when it does not descend: b'x0 <= 0), so that every
+        iterate has phi < 0 (CG decreases phi monotonically).
     """
     save = save or set()
     products = 0
@@ -98,6 +101,18 @@ def conjugate_gradient(
         x = x0.clone()
         r = matvec(x) - b
         products += 1
+        if not 0.5 * _dot(x, r - b) < 0.0:
+            # phi(x0) >= 0 (or not finite): no better than x = 0 in the model CG minimizes, and
+            # CG from it could end on an iterate that predicts no decrease at all. Shrink it to
+            # the minimum of phi along it, s = b'x0 / x0'Ax0 (A x0 = r + b is known), or drop it
+            bx, xAx = _dot(b, x), _dot(x, r + b)
+            s = bx / xAx if bx > 0 and xAx > 0 and math.isfinite(bx / xAx) else 0.0
+            if s > 0:
+                x = x * s
+                r = (r + b) * s - b
+            else:
+                x = torch.zeros_like(b)
+                r = -b.clone()
     b_norm = math.sqrt(_dot(b, b))
     z = r / precond if precond is not None else r
     p = -z
