@@ -1,5 +1,7 @@
 """Calibration: measure what the cost model's constants stand for, on this machine, and write a
-topology the planner accepts (``sharding.topology: <file>``).
+topology the planner accepts (``sharding.topology: <file>``). Its configuration and timing
+helpers are in ``calibration_config``, the collectives (and the link between hosts) in
+``calibration_comms``, the fits in ``calibration_fits``.
 
 It lives in ``train`` because it runs the runtime's own pieces (fbgemm table-batched embeddings,
 the tiered cache, gloo collectives started by ``recscale.distributed.launch``, the dense arch),
@@ -42,78 +44,32 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import torch
 
 import recscale.train.calibration_fits as fits
-from recscale.config import Validated, check
 from recscale.data.batch import SparseFeatures
 from recscale.distributed import LaunchConfig, launch, run_in_group, set_threads, worker_entry
 from recscale.model.dlrm import DenseArch, ModelConfig, interaction_dim
 from recscale.sharding import Topology
 from recscale.sharding.step_time import DenseSpec
 from recscale.sharding.types import OPTIMIZER_STATE
+from recscale.train.calibration_comms import (  # noqa: F401  (measure_link: the API)
+    LINK_SIZES,
+    _measure_comms,
+    _measure_exchange,
+    measure_link,
+)
+from recscale.train.calibration_config import (  # noqa: F401  (re-exported: the API)
+    CalibrationConfig,
+    CalibrationError,
+    check_writable,
+)
+from recscale.train.calibration_config import median_time as _median_time
 
 NUM_DENSE = 13
-
-
-LINK_SIZES = (1 << 16, 1 << 19, 1 << 21, 1 << 23)  # bytes per all-to-all across hosts
-
-
-class CalibrationError(RuntimeError):
-    """Calibration cannot run here; the message says what is missing."""
-
-
-@dataclass(frozen=True)
-class CalibrationConfig(Validated):
-    """How long and what to measure (``recscale calibrate`` flags / ``sharding.calibration``)."""
-
-    dims: tuple[int, ...] = (16, 128)
-    poolings: tuple[int, ...] = (1, 8)
-    # id draws: uniform (0) and power-law with these exponents (data's skew: most batches repeat
-    # hot ids, which the backward updates once)
-    skews: tuple[float, ...] = (0.0, 1.2)
-    batch_sizes: tuple[int, ...] = (256, 2048)
-    tables: int = 4  # tables per in-memory module
-    rows: int = 20000  # rows per in-memory table
-    cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
-    cache_fraction: float = 0.2
-    tiers: tuple[str, ...] = ("memory", "ddr", "ssd")
-    scratch_dir: str = ""  # SSD-backed cache files ("" = the system temp directory)
-    reps: int = 3
-    comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
-    comms: bool = True  # measure the collectives between the host's ranks
-    num_threads: int | None = None  # threads per rank (train.num_threads; null: the host's cores
-    # shared by its ranks)
-    optimizer: str = "exact_rowwise_adagrad"
-    timeout_s: float = 120.0
-
-    def validate(self, prefix: str = "calibration") -> None:
-        for key in ("dims", "poolings", "batch_sizes", "comm_sizes"):
-            v = getattr(self, key)
-            check(len(v) >= 1 and all(isinstance(x, int) and x > 0 for x in v), f"{prefix}.{key}",
-                  v, "a non-empty list of positive integers")
-        check(all(d % 4 == 0 for d in self.dims), f"{prefix}.dims", self.dims,
-              "multiples of 4 (fbgemm's row alignment)")
-        check(len(set(self.batch_sizes)) >= 2, f"{prefix}.batch_sizes", self.batch_sizes,
-              "at least two different sizes (a fixed and a per-item cost are fitted)")
-        check(set(self.tiers) <= {"memory", "ddr", "ssd"} and "memory" in self.tiers,
-              f"{prefix}.tiers", self.tiers, "'memory' and any of 'ddr', 'ssd'")
-        check(0 < self.cache_fraction < 1, f"{prefix}.cache_fraction", self.cache_fraction,
-              "in (0, 1)")
-        check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
-              self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
-        check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
-        check(len(self.skews) >= 1 and all(isinstance(x, (int, float)) and 0 <= x <= 3
-                                           for x in self.skews),
-              f"{prefix}.skews", self.skews, "a non-empty list of exponents in [0, 3] (0: uniform)")
-        check(self.num_threads is None or (isinstance(self.num_threads, int)
-                                           and self.num_threads > 0),
-              f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
 
 
 @dataclass
@@ -130,31 +86,6 @@ class Calibration:
         out = {f"calibration.{part}.{k}": v for part, f in self.fits.items() for k, v in f.items()}
         out["calibration.seconds"] = self.seconds
         return out
-
-
-# --- timing helpers --------------------------------------------------------------------------------
-def _median_time(fn: Callable[[int], Any], reps: int) -> float:
-    fn(-1)  # warm-up
-    ts = []
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn(i)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def check_writable(path: str, what: str) -> str:
-    """``path`` exists (made if missing) and a file can be written in it, else a clear error."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise CalibrationError(f"cannot calibrate the {what}: its directory {path!r} cannot be "
-                               f"written ({e.strerror or e}); give a writable directory "
-                               "(--scratch-dir / train.tiers.scratch_dir) or leave the tier out "
-                               "(--tiers memory,ddr)") from e
-    return path
 
 
 # --- embeddings -----------------------------------------------------------------------------------
@@ -302,152 +233,6 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
                         "seconds": _median_time(step, max(cfg.reps, 5))})
             progress()
     return pts
-
-
-# --- collectives -------------------------------------------------------------------------------------
-def _measure_comms(sizes, reps, collectives=("all_to_all", "all_reduce")) -> list[dict]:
-    """Inside the group: all-to-all and all-reduce of each size (the slowest rank's time)."""
-    import torch.distributed as dist
-
-    out = []
-    W = dist.get_world_size()
-    for nbytes in sizes:
-        n = max(nbytes // 4, W)
-        n -= n % W
-        x = torch.randn(n)
-        y = torch.empty_like(x)
-        for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
-                         ("all_reduce", lambda y=y: dist.all_reduce(y))):
-            if name not in collectives:
-                continue
-            dist.barrier()
-            t = torch.tensor([_median_time(lambda i, fn=fn: fn(), reps)])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out.append({"collective": name, "bytes": n * 4, "seconds": float(t)})
-    return out
-
-
-def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
-                 timeout_s: float = 60.0) -> dict[str, Any]:
-    """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
-    the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
-    ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
-    (``_measure_exchange``), whose communication as ``CommStats`` counts it is fitted to latency
-    per call + bytes each rank sends: ``{"inter_node_lat_s", "inter_node_bw", "fit",
-    "collectives", "points", "exchange"}``.
-    A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    cfg = cfg or CalibrationConfig()
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit():
-        raise CalibrationError(f"link endpoint {endpoint!r}: expected host:port")
-    if not 0 <= rank < world_size or world_size < 2:
-        raise CalibrationError(f"link rank {rank} of {world_size}: expected 0 <= rank < world "
-                               "and a world of 2 hosts or more")
-    timeout = timedelta(seconds=timeout_s)
-    # gloo listens on the interface that routes to host 0 (in a namespace or on a host with
-    # several interfaces the host name may resolve to an address the peers cannot reach)
-    from recscale.distributed.netaddr import interface_of, route_addr
-
-    try:
-        ifname = interface_of(route_addr(endpoint))
-    except OSError as e:
-        raise CalibrationError(f"link calibration: no route to {endpoint} ({e})") from e
-    if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = ifname
-    try:
-        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
-                              wait_for_workers=True)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)
-    except (RuntimeError, dist.DistStoreError) as e:
-        raise CalibrationError(f"link calibration: the {world_size} hosts did not all reach "
-                               f"{endpoint} within {timeout_s:.0f} s ({e})") from e
-    try:
-        set_threads(cfg.num_threads or 1, 1)
-        # the exchange's collective, up to the sizes a step sends (a shaped link's burst
-        # allowance flatters small messages only)
-        pts = _measure_comms(LINK_SIZES, max(3 * cfg.reps, 7), ("all_to_all",))
-        # and the runtime's own exchange across the link: its communication as CommStats
-        # counts it is what a run's comm time is made of (a shaped link's TCP under the
-        # exchange's pattern is slower than under a lone all-to-all)
-        from types import SimpleNamespace
-
-        ctx = SimpleNamespace(rank=rank, world_size=world_size,
-                              sparse_group=dist.new_group(backend="gloo", timeout=timeout))
-        xpts = _measure_exchange(ctx, cfg)
-    finally:
-        dist.destroy_process_group()
-    fit = fits.fit_comms(pts, world_size)
-    X = np.array([[p["calls"], p["bytes"]] for p in xpts])
-    y = np.array([p["comm_seconds"] for p in xpts])
-    c = fits.nnls(X, y)
-    xfit = {"lat_s": float(c[0]), "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
-            "fit_rel_err": fits.rel_err(X, y, c)}
-    return {"inter_node_lat_s": xfit["lat_s"], "inter_node_bw": xfit["bw"], "fit": xfit,
-            "collectives": fit, "points": pts, "exchange": xpts}
-
-
-def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
-    """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
-    forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
-    (what a training run reports as communication), calls and bytes sent."""
-    from recscale.comm import CommsConfig
-    from recscale.comm.collectives import CommStats
-    from recscale.embedding.sharded import ShardedEmbeddingCollection
-    from recscale.embedding.tbe import EmbeddingOptimizerConfig
-    from recscale.sharding import TableSpec, plan_sharding
-
-    W, B = ctx.world_size, max(cfg.batch_sizes)
-    T = 2 * cfg.tables
-    names = tuple(f"f{i}" for i in range(T))
-    out = []
-    g = torch.Generator().manual_seed(ctx.rank)
-    # every dim and their mean in fp32 (16 and 128 too when fewer than three), the widest again
-    # in fp16 (the
-    # codecs' cost); each point over 3 x reps steps (the steps are short)
-    dims = sorted({*cfg.dims, 4 * round(sum(cfg.dims) / len(cfg.dims) / 4)})
-    if len(dims) < 3:  # a fixed and a per-byte cost need sizes apart
-        dims = sorted({*dims, 16, 128})
-    reps = max(3 * cfg.reps, 7)
-    for d, prec in [(d, "fp32") for d in dims] + [(max(dims), "fp16")]:
-        comms = CommsConfig(forward=prec, backward=prec)
-        tables = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
-                            constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
-        plan = plan_sharding(tables, Topology.preset("cpu-local", world_size=W,
-                                                     local_world_size=W), B,
-                             optimizer=cfg.optimizer, comms=comms)
-        stats = CommStats()
-        emb = ShardedEmbeddingCollection(plan, names, EmbeddingOptimizerConfig(name=cfg.optimizer),
-                                         ctx.rank, W, group=ctx.sparse_group, stats=stats,
-                                         comms=comms)
-        batches = [SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
-                                  torch.ones(T, B, dtype=torch.int64))
-                   for _ in range(reps + 1)]
-        marks = []
-
-        def step(i, emb=emb, batches=batches, stats=stats, marks=marks):
-            if i == 0:
-                marks.append((stats.total_seconds, sum(stats.calls.values()),
-                              sum(stats.bytes_sent.values())))
-            emb(batches[i + 1]).sum().backward()
-
-        t = _median_time(step, reps)
-        s0, c0, b0 = marks[0]
-        n = reps
-        # the ids this rank looks up: its T / W tables for the global batch
-        # uniform ids: a table's owner sees W x B of them, distinct in expectation as below
-        distinct = T / W * cfg.rows * (1.0 - (1.0 - 1.0 / cfg.rows) ** (W * B))
-        out.append({"dim": d, "precision": prec, "batch": B, "seconds": t, "distinct": distinct,
-                    "comm_seconds": (stats.total_seconds - s0) / n,
-                    "calls": (sum(stats.calls.values()) - c0) / n,
-                    "bytes": (sum(stats.bytes_sent.values()) - b0) / n})
-        emb.close()
-        del emb
-    return out
 
 
 # --- one rank's measurements -------------------------------------------------------------------------

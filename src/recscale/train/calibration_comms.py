@@ -1,0 +1,165 @@
+"""Calibration's collectives: gloo all-to-all / all-reduce inside a host, the sharded runtime's
+own exchange, and the link between hosts (``measure_link``, one process per host)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+import recscale.train.calibration_fits as fits
+from recscale.data.batch import SparseFeatures
+from recscale.distributed import set_threads
+from recscale.sharding import Topology
+from recscale.train.calibration_config import CalibrationConfig, CalibrationError
+from recscale.train.calibration_config import median_time as _median_time
+
+LINK_SIZES = (1 << 16, 1 << 19, 1 << 21, 1 << 23)  # bytes per all-to-all across hosts
+
+
+# --- collectives -------------------------------------------------------------------------------------
+def _measure_comms(sizes, reps, collectives=("all_to_all", "all_reduce")) -> list[dict]:
+    """Inside the group: all-to-all and all-reduce of each size (the slowest rank's time)."""
+    import torch.distributed as dist
+
+    out = []
+    W = dist.get_world_size()
+    for nbytes in sizes:
+        n = max(nbytes // 4, W)
+        n -= n % W
+        x = torch.randn(n)
+        y = torch.empty_like(x)
+        for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
+                         ("all_reduce", lambda y=y: dist.all_reduce(y))):
+            if name not in collectives:
+                continue
+            dist.barrier()
+            t = torch.tensor([_median_time(lambda i, fn=fn: fn(), reps)])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out.append({"collective": name, "bytes": n * 4, "seconds": float(t)})
+    return out
+
+
+def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
+                 timeout_s: float = 60.0) -> dict[str, Any]:
+    """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
+    the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
+    ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
+    (``_measure_exchange``), whose communication as ``CommStats`` counts it is fitted to latency
+    per call + bytes each rank sends: ``{"inter_node_lat_s", "inter_node_bw", "fit",
+    "collectives", "points", "exchange"}``.
+    A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    cfg = cfg or CalibrationConfig()
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise CalibrationError(f"link endpoint {endpoint!r}: expected host:port")
+    if not 0 <= rank < world_size or world_size < 2:
+        raise CalibrationError(f"link rank {rank} of {world_size}: expected 0 <= rank < world "
+                               "and a world of 2 hosts or more")
+    timeout = timedelta(seconds=timeout_s)
+    # gloo listens on the interface that routes to host 0 (in a namespace or on a host with
+    # several interfaces the host name may resolve to an address the peers cannot reach)
+    from recscale.distributed.netaddr import interface_of, route_addr
+
+    try:
+        ifname = interface_of(route_addr(endpoint))
+    except OSError as e:
+        raise CalibrationError(f"link calibration: no route to {endpoint} ({e})") from e
+    if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    try:
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
+                              wait_for_workers=True)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timeout)
+    except (RuntimeError, dist.DistStoreError) as e:
+        raise CalibrationError(f"link calibration: the {world_size} hosts did not all reach "
+                               f"{endpoint} within {timeout_s:.0f} s ({e})") from e
+    try:
+        set_threads(cfg.num_threads or 1, 1)
+        # the exchange's collective, up to the sizes a step sends (a shaped link's burst
+        # allowance flatters small messages only)
+        pts = _measure_comms(LINK_SIZES, max(3 * cfg.reps, 7), ("all_to_all",))
+        # and the runtime's own exchange across the link: its communication as CommStats
+        # counts it is what a run's comm time is made of (a shaped link's TCP under the
+        # exchange's pattern is slower than under a lone all-to-all)
+        from types import SimpleNamespace
+
+        ctx = SimpleNamespace(rank=rank, world_size=world_size,
+                              sparse_group=dist.new_group(backend="gloo", timeout=timeout))
+        xpts = _measure_exchange(ctx, cfg)
+    finally:
+        dist.destroy_process_group()
+    fit = fits.fit_comms(pts, world_size)
+    X = np.array([[p["calls"], p["bytes"]] for p in xpts])
+    y = np.array([p["comm_seconds"] for p in xpts])
+    c = fits.nnls(X, y)
+    xfit = {"lat_s": float(c[0]), "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
+            "fit_rel_err": fits.rel_err(X, y, c)}
+    return {"inter_node_lat_s": xfit["lat_s"], "inter_node_bw": xfit["bw"], "fit": xfit,
+            "collectives": fit, "points": pts, "exchange": xpts}
+
+
+def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
+    """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
+    forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
+    (what a training run reports as communication), calls and bytes sent."""
+    from recscale.comm import CommsConfig
+    from recscale.comm.collectives import CommStats
+    from recscale.embedding.sharded import ShardedEmbeddingCollection
+    from recscale.embedding.tbe import EmbeddingOptimizerConfig
+    from recscale.sharding import TableSpec, plan_sharding
+
+    W, B = ctx.world_size, max(cfg.batch_sizes)
+    T = 2 * cfg.tables
+    names = tuple(f"f{i}" for i in range(T))
+    out = []
+    g = torch.Generator().manual_seed(ctx.rank)
+    # every dim and their mean in fp32 (16 and 128 too when fewer than three), the widest again
+    # in fp16 (the
+    # codecs' cost); each point over 3 x reps steps (the steps are short)
+    dims = sorted({*cfg.dims, 4 * round(sum(cfg.dims) / len(cfg.dims) / 4)})
+    if len(dims) < 3:  # a fixed and a per-byte cost need sizes apart
+        dims = sorted({*dims, 16, 128})
+    reps = max(3 * cfg.reps, 7)
+    for d, prec in [(d, "fp32") for d in dims] + [(max(dims), "fp16")]:
+        comms = CommsConfig(forward=prec, backward=prec)
+        tables = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
+                            constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
+        plan = plan_sharding(tables, Topology.preset("cpu-local", world_size=W,
+                                                     local_world_size=W), B,
+                             optimizer=cfg.optimizer, comms=comms)
+        stats = CommStats()
+        emb = ShardedEmbeddingCollection(plan, names, EmbeddingOptimizerConfig(name=cfg.optimizer),
+                                         ctx.rank, W, group=ctx.sparse_group, stats=stats,
+                                         comms=comms)
+        batches = [SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
+                                  torch.ones(T, B, dtype=torch.int64))
+                   for _ in range(reps + 1)]
+        marks = []
+
+        def step(i, emb=emb, batches=batches, stats=stats, marks=marks):
+            if i == 0:
+                marks.append((stats.total_seconds, sum(stats.calls.values()),
+                              sum(stats.bytes_sent.values())))
+            emb(batches[i + 1]).sum().backward()
+
+        t = _median_time(step, reps)
+        s0, c0, b0 = marks[0]
+        n = reps
+        # the ids this rank looks up: its T / W tables for the global batch
+        # uniform ids: a table's owner sees W x B of them, distinct in expectation as below
+        distinct = T / W * cfg.rows * (1.0 - (1.0 - 1.0 / cfg.rows) ** (W * B))
+        out.append({"dim": d, "precision": prec, "batch": B, "seconds": t, "distinct": distinct,
+                    "comm_seconds": (stats.total_seconds - s0) / n,
+                    "calls": (sum(stats.calls.values()) - c0) / n,
+                    "bytes": (sum(stats.bytes_sent.values()) - b0) / n})
+        emb.close()
+        del emb
+    return out

@@ -1,0 +1,91 @@
+"""Calibration's configuration, its error and timing helpers (shared by ``calibrate`` and
+``calibration_comms``)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from recscale.config import Validated, check
+
+
+class CalibrationError(RuntimeError):
+    """Calibration cannot run here; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class CalibrationConfig(Validated):
+    """How long and what to measure (``recscale calibrate`` flags / ``sharding.calibration``)."""
+
+    dims: tuple[int, ...] = (16, 128)
+    poolings: tuple[int, ...] = (1, 8)
+    # id draws: uniform (0) and power-law with these exponents (data's skew: most batches repeat
+    # hot ids, which the backward updates once)
+    skews: tuple[float, ...] = (0.0, 1.2)
+    batch_sizes: tuple[int, ...] = (256, 2048)
+    tables: int = 4  # tables per in-memory module
+    rows: int = 20000  # rows per in-memory table
+    cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
+    cache_fraction: float = 0.2
+    tiers: tuple[str, ...] = ("memory", "ddr", "ssd")
+    scratch_dir: str = ""  # SSD-backed cache files ("" = the system temp directory)
+    reps: int = 3
+    comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
+    comms: bool = True  # measure the collectives between the host's ranks
+    num_threads: int | None = None  # threads per rank (train.num_threads; null: the host's cores
+    # shared by its ranks)
+    optimizer: str = "exact_rowwise_adagrad"
+    timeout_s: float = 120.0
+
+    def validate(self, prefix: str = "calibration") -> None:
+        for key in ("dims", "poolings", "batch_sizes", "comm_sizes"):
+            v = getattr(self, key)
+            check(len(v) >= 1 and all(isinstance(x, int) and x > 0 for x in v), f"{prefix}.{key}",
+                  v, "a non-empty list of positive integers")
+        check(all(d % 4 == 0 for d in self.dims), f"{prefix}.dims", self.dims,
+              "multiples of 4 (fbgemm's row alignment)")
+        check(len(set(self.batch_sizes)) >= 2, f"{prefix}.batch_sizes", self.batch_sizes,
+              "at least two different sizes (a fixed and a per-item cost are fitted)")
+        check(set(self.tiers) <= {"memory", "ddr", "ssd"} and "memory" in self.tiers,
+              f"{prefix}.tiers", self.tiers, "'memory' and any of 'ddr', 'ssd'")
+        check(0 < self.cache_fraction < 1, f"{prefix}.cache_fraction", self.cache_fraction,
+              "in (0, 1)")
+        check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
+              self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
+        check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
+        check(len(self.skews) >= 1 and all(isinstance(x, (int, float)) and 0 <= x <= 3
+                                           for x in self.skews),
+              f"{prefix}.skews", self.skews, "a non-empty list of exponents in [0, 3] (0: uniform)")
+        check(self.num_threads is None or (isinstance(self.num_threads, int)
+                                           and self.num_threads > 0),
+              f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
+
+
+# --- timing helpers --------------------------------------------------------------------------------
+def median_time(fn: Callable[[int], Any], reps: int) -> float:
+    fn(-1)  # warm-up
+    ts = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        fn(i)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def check_writable(path: str, what: str) -> str:
+    """``path`` exists (made if missing) and a file can be written in it, else a clear error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise CalibrationError(f"cannot calibrate the {what}: its directory {path!r} cannot be "
+                               f"written ({e.strerror or e}); give a writable directory "
+                               "(--scratch-dir / train.tiers.scratch_dir) or leave the tier out "
+                               "(--tiers memory,ddr)") from e
+    return path
