@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import statistics
 import sys
 import tempfile
@@ -230,6 +231,13 @@ def main(argv=None) -> int:
                    "none: unshaped veth)")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-costmodel-"))
+    try:  # its data, SSD files and the host jobs' outputs: gigabytes, removed at the end
+        return _run(args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(args, root: Path) -> int:
     scratch = str(root / "tiers")
     t0 = time.perf_counter()
     manifest = make_data(root, args.rows)

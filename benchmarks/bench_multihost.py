@@ -19,7 +19,9 @@ Variants (the same 26 tables of the synthetic Criteo data, dim 16 or 128, 128 ro
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,6 +111,7 @@ def main(argv=None) -> int:
         print(f"cannot make namespace hosts here: {why}", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="bench-multihost-"))
+    atexit.register(shutil.rmtree, tmp, True)  # data, checkpoints, models: gigabytes
     print("making the data ...", flush=True)
     dataset = make_dataset(tmp / "data")
     rows = []

@@ -10,6 +10,8 @@ run (pyarrow engine: the Spark engine writes the same rows).
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -40,6 +42,8 @@ def main() -> None:
     args = ap.parse_args()
     params = yaml.safe_load((ROOT / "conf/base/parameters_dlrm.yml").read_text())
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_vocab_"))
+    if not args.out:  # a directory of its own: removed at the end
+        atexit.register(shutil.rmtree, out, True)
     data = dict(params["data"], raw_dir=str(out / "raw"))
     if args.rows:
         data["synthetic"] = {**data["synthetic"], "num_rows": args.rows}

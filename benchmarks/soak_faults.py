@@ -9,8 +9,10 @@ many runs recovered and whether every final model is bitwise equal to the clean 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -40,6 +42,7 @@ def main() -> int:
     logging.basicConfig(level=logging.ERROR)
     rnd = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="recscale-soak-"))
+    atexit.register(shutil.rmtree, work, True)  # every run's checkpoints
     syn = SyntheticConfig(num_rows=args.rows, seed=5, cardinality_scale=0.001,
                           keep_cardinality_below=500)
     rep = generate_criteo_tsv(syn, work / "day_00.tsv")
