@@ -37,6 +37,29 @@ class TableShard:
         return f"emb.t{self.table}.r{self.row_offset}.c{self.col_offset}"
 
 
+def assemble_tables(parts, shapes: Sequence[tuple[int, int]]
+                    ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """Whole tables [rows, dim] and their optimizer states from every rank's pieces: ``parts``,
+    one list per rank (in rank order) of ``(table, row_offset, col_offset, weight, states)``;
+    ``shapes``: each table's (rows, dim). A rank's pieces are placed in (table, row, descending
+    column) order, so where column shards each keep their own row-wise state a rank's first
+    column shard's is the one kept."""
+    tables = [torch.zeros(rows, dim) for rows, dim in shapes]
+    states: list[list[torch.Tensor]] = [[] for _ in shapes]
+    for part in parts:
+        for t, r0, c0, w, st in sorted(part, key=lambda x: (x[0], x[1], -x[2])):
+            tables[t][r0: r0 + w.shape[0], c0: c0 + w.shape[1]] = w
+            for i, x in enumerate(st):
+                if len(states[t]) <= i:
+                    shape = (tables[t].shape[0],) + ((tables[t].shape[1],) if x.dim() == 2 else ())
+                    states[t].append(torch.zeros(shape))
+                if x.dim() == 2:
+                    states[t][i][r0: r0 + x.shape[0], c0: c0 + x.shape[1]] = x
+                else:
+                    states[t][i][r0: r0 + x.shape[0]] = x
+    return tables, states
+
+
 @runtime_checkable
 class EmbeddingCollection(Protocol):
     """Sum-pooled embedding bags of every sparse feature (one table per feature), the embedding

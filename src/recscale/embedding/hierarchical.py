@@ -38,9 +38,11 @@ from recscale.comm.collectives import (
     exchange_counts,
     make_host_groups,
 )
-from recscale.embedding.input_dist import arrange_received, split_received
-
-HIER_TYPES = ("table_row_wise", "table_column_wise")
+from recscale.embedding.input_dist import (  # noqa: F401  (HIER_TYPES: named here too)
+    HIER_TYPES,
+    arrange_received,
+    split_received,
+)
 
 
 class _Here:

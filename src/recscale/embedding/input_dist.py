@@ -1,6 +1,8 @@
-"""Input distribution pieces of the sharded collection: ``InputDist`` (a batch whose ids
-all-to-alls are in flight, what ``ShardedEmbeddingCollection.start`` returns) and
-``arrange_received`` (the ids that arrived, source-major, reordered feature-major for fbgemm)."""
+"""Input distribution pieces of the sharded collection: ``Routes`` (which rank serves which
+shard, and how features and received columns are ordered: from the plan), ``InputDist`` (a
+batch whose ids all-to-alls are in flight, what ``ShardedEmbeddingCollection.start`` returns)
+and ``arrange_received`` (the ids that arrived, source-major, reordered feature-major for
+fbgemm)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,64 @@ from dataclasses import dataclass, field
 import torch
 
 from recscale.comm.collectives import PendingAllToAll
+
+ROW_TYPES = ("row_wise", "table_row_wise")
+HIER_TYPES = ("table_row_wise", "table_column_wise")  # host-bound: embedding.hierarchical
+
+
+@dataclass
+class Routes:
+    """How a plan's tables (in the collection's feature order) travel: ``dp`` / ``rw`` /
+    ``hier`` table indices (replicated, row-sharded on the flat path, host-bound across hosts);
+    ``flat[d]`` / ``hier_routes[d]``: the (table, shard) pairs rank d serves on each path, in its
+    module's table order; ``perm``: the combined feature rows in destination order (0..T-1 the
+    input features, T + k * len(rw) + j bucket k of row-sharded table j); ``widths[d]``: the
+    columns rank d sends back; ``dest_cols``: where each received column goes."""
+
+    dp: list[int]
+    rw: list[int]
+    hier: list[int]
+    flat: list[list]
+    hier_routes: list[list]
+    perm: list[int]
+    widths: list[int]
+    dest_cols: list[int]
+
+    @classmethod
+    def of(cls, tables: Sequence, col0: Sequence[int], world_size: int,
+           num_hosts: int) -> Routes:
+        T = len(tables)
+        dp = [t for t, tp in enumerate(tables) if tp.sharding_type == "data_parallel"]
+        # on one host the two stages are the flat exchange: one-host runs keep the flat path
+        hier = [t for t, tp in enumerate(tables) if tp.sharding_type in HIER_TYPES
+                and num_hosts > 1]
+        rw = [t for t, tp in enumerate(tables) if tp.sharding_type in ROW_TYPES
+              and t not in hier]
+        flat: list[list] = [[] for _ in range(world_size)]
+        hier_routes: list[list] = [[] for _ in range(world_size)]
+        for t, tp in enumerate(tables):
+            if t in dp:
+                continue
+            for s in sorted(tp.shards, key=lambda s: (s.row_offset, s.col_offset)):
+                (hier_routes if t in hier else flat)[s.rank].append((t, s))
+        for t in rw + [t for t in hier if tables[t].sharding_type in ROW_TYPES]:
+            tp = tables[t]
+            for s in tp.shards:
+                if s.row_offset % tp.row_block_size:
+                    raise ValueError(f"table {tp.name}: row shard at {s.row_offset} is not a "
+                                     f"multiple of the block size {tp.row_block_size}")
+        perm, dest_cols = [], []
+        for d in range(world_size):
+            for t, s in flat[d]:
+                if t in rw:
+                    block = tables[t].row_block_size
+                    perm.append(T + (s.row_offset // block) * len(rw) + rw.index(t))
+                else:
+                    perm.append(t)
+                dest_cols.extend(range(col0[t] + s.col_offset,
+                                       col0[t] + s.col_offset + s.col_length))
+        widths = [sum(s.col_length for _, s in flat[d]) for d in range(world_size)]
+        return cls(dp, rw, hier, flat, hier_routes, perm, widths, dest_cols)
 
 
 @dataclass

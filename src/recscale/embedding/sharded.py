@@ -1,5 +1,4 @@
 """Sharded embedding collection: one rank's part of a ShardingPlan, executed on torch.distributed.
-(Over 500 lines: the collection's forward, backward plumbing and checkpoint views belong together.)
 
 Every shard a rank owns lives in one fbgemm table-batched embedding (optimizer fused into backward).
 A forward pass, for a local batch of B samples (B may differ between ranks, even be 0):
@@ -47,9 +46,9 @@ from recscale.comm.collectives import (
     exchange_counts,
 )
 from recscale.data.batch import SparseFeatures
-from recscale.embedding.api import TableShard
-from recscale.embedding.hierarchical import HIER_TYPES, HierarchicalExchange
-from recscale.embedding.input_dist import InputDist, arrange_received
+from recscale.embedding.api import TableShard, assemble_tables
+from recscale.embedding.hierarchical import HierarchicalExchange
+from recscale.embedding.input_dist import InputDist, Routes, arrange_received
 from recscale.embedding.placement import build_embedding_bags, placement_for
 from recscale.embedding.sharded_autograd import (
     ColumnShardRowwiseAdagrad,
@@ -64,8 +63,6 @@ from recscale.embedding.tbe import (
 )
 from recscale.embedding.tier_config import TierConfig
 from recscale.sharding import ShardingPlan
-
-ROW_TYPES = ("row_wise", "table_row_wise")
 
 
 class ShardedEmbeddingCollection(nn.Module):
@@ -129,51 +126,20 @@ class ShardedEmbeddingCollection(nn.Module):
             col0.append(col0[-1] + d)
         self.output_dim = col0[-1]
 
-        dp = [t for t, tp in enumerate(self.tables) if tp.sharding_type == "data_parallel"]
-        # on one host the two stages are the flat exchange: one-host runs keep the flat path
-        hier = [t for t, tp in enumerate(self.tables) if tp.sharding_type in HIER_TYPES
-                and plan.topology.num_hosts > 1]
-        rw = [t for t, tp in enumerate(self.tables) if tp.sharding_type in ROW_TYPES
-              and t not in hier]
+        lay = Routes.of(self.tables, col0, world_size, plan.topology.num_hosts)
+        dp, rw, hier, hier_routes = lay.dp, lay.rw, lay.hier, lay.hier_routes
         self.dp_tables, self.rw_tables, self.hier_tables = dp, rw, hier
         # routes[d]: the (table, shard) pairs rank d serves, in its module's table order: the
-        # flat path's (flat[d]) first, then the host-bound tables' (hier_routes[d])
-        flat: list[list] = [[] for _ in range(world_size)]
-        hier_routes: list[list] = [[] for _ in range(world_size)]
-        for t, tp in enumerate(self.tables):
-            if t in dp:
-                continue
-            for s in sorted(tp.shards, key=lambda s: (s.row_offset, s.col_offset)):
-                (hier_routes if t in hier else flat)[s.rank].append((t, s))
-        routes = flat
-        self.routes = [f + h for f, h in zip(flat, hier_routes)]
-        self.k = [len(r) for r in routes]  # flat path only
-        # combined feature rows: 0..T-1 the input features; T + k*len(rw) + j bucket k of rw table j
-        perm = []
-        for d in range(world_size):
-            for t, s in routes[d]:
-                if t in rw:
-                    block = self.tables[t].row_block_size
-                    perm.append(T + (s.row_offset // block) * len(rw) + rw.index(t))
-                else:
-                    perm.append(t)
-        self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int32), persistent=False)
+        # flat path's first, then the host-bound tables'
+        self.routes = [f + h for f, h in zip(lay.flat, hier_routes)]
+        self.k = [len(r) for r in lay.flat]  # flat path only
+        self.widths = lay.widths
+        self.register_buffer("_perm", torch.tensor(lay.perm, dtype=torch.int32), persistent=False)
         self.register_buffer("_rw_idx", torch.tensor(rw, dtype=torch.int32), persistent=False)
         self.register_buffer("_rw_blocks", torch.tensor(
             [self.tables[t].row_block_size for t in rw], dtype=torch.int64), persistent=False)
-        for t in rw + [t for t in hier if self.tables[t].sharding_type in ROW_TYPES]:
-            tp = self.tables[t]
-            for s in tp.shards:
-                if s.row_offset % tp.row_block_size:
-                    raise ValueError(f"table {tp.name}: row shard at {s.row_offset} is not a multiple "
-                                     f"of the block size {tp.row_block_size}")
-        # width of what each rank sends back, and where each received column goes
-        self.widths = [sum(s.col_length for _, s in routes[d]) for d in range(world_size)]
-        dest_cols = []
-        for d in range(world_size):
-            for t, s in routes[d]:
-                dest_cols.extend(range(col0[t] + s.col_offset, col0[t] + s.col_offset + s.col_length))
-        self.register_buffer("_dest_cols", torch.tensor(dest_cols, dtype=torch.int64), persistent=False)
+        self.register_buffer("_dest_cols", torch.tensor(lay.dest_cols, dtype=torch.int64),
+                             persistent=False)
         self.hier = None
         if hier:
             self.hier = HierarchicalExchange(
@@ -502,19 +468,8 @@ class ShardedEmbeddingCollection(nn.Module):
         dist.gather_object(mine, gathered, dst=dst, group=self.group)
         if self.rank != dst:
             return None
-        tables = [torch.zeros(tp.num_embeddings, tp.embedding_dim) for tp in self.tables]
-        states: list[list[torch.Tensor]] = [[] for _ in self.tables]
-        for part in gathered:
-            for t, r0, c0, w, st in sorted(part, key=lambda x: (x[0], x[1], -x[2])):
-                tables[t][r0: r0 + w.shape[0], c0: c0 + w.shape[1]] = w
-                for i, x in enumerate(st):
-                    if len(states[t]) <= i:
-                        shape = (tables[t].shape[0],) + ((tables[t].shape[1],) if x.dim() == 2 else ())
-                        states[t].append(torch.zeros(shape))
-                    if x.dim() == 2:
-                        states[t][i][r0: r0 + x.shape[0], c0: c0 + x.shape[1]] = x
-                    else:
-                        states[t][i][r0: r0 + x.shape[0]] = x
+        tables, states = assemble_tables(gathered, [(tp.num_embeddings, tp.embedding_dim)
+                                                    for tp in self.tables])
         if self.dp is not None:
             for t, sh in zip(self.dp_tables, self.dp.shards()):
                 tables[t] = sh.weight.detach().cpu().clone()
