@@ -114,19 +114,6 @@ def run_config(name, spec, manifest, cal_topo, args, scratch):
             "after_comm": after.comm[slow_pred] * 1e3, "spread": (min(steps), max(steps))}
 
 
-def _wait(proc, who: str, timeout: float) -> str:
-    import subprocess
-
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise SystemExit(f"{who} did not finish within {timeout:.0f} s") from None
-    if proc.returncode != 0:
-        raise SystemExit(f"{who} failed:\n{out[-4000:]}")
-    return out
-
-
 def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
     """The ``--hosts`` part (see the module docstring): one row per HOST_CONFIGS entry."""
     import dataclasses
@@ -135,7 +122,8 @@ def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
 
     sys.path.insert(0, str(ROOT))
     from tests.multihost import netns as N
-    from tests.multihost.test_jobs import _env, config, drive_cmd, join_cmd
+    from tests.multihost.jobs import finish
+    from tests.multihost.test_jobs import _env, config, start_job
 
     ok, why = N.available()
     if not ok:
@@ -153,7 +141,7 @@ def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
         cmd = [sys.executable, "-m", "recscale", "calibrate", "--link-endpoint", ep,
                "--link-hosts", str(args.hosts), "--base", str(base_file), "--out", str(topo_file)]
         procs = [h.popen(cmd + ["--link-rank", str(i)], **kw) for i, h in enumerate(hosts)]
-        outs = [_wait(p, f"link calibration on host {i}", 120) for i, p in enumerate(procs)]
+        outs = [finish(p, f"link calibration on host {i}", 120) for i, p in enumerate(procs)]
         print("  " + outs[0].strip().splitlines()[-2], flush=True)
         cal_topo = Topology.load(topo_file)
         for n, (name, (dim, prec)) in enumerate(HOST_CONFIGS.items()):
@@ -172,12 +160,10 @@ def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
                 cfg["comms"] = {"forward": prec, "backward": prec}
                 cfg["train"]["embedding_optimizer"] = {"name": "exact_rowwise_adagrad"}
                 out = root / f"job-{name}-{rep}"
-                driver = hosts[0].popen(drive_cmd(root, out.name, root / "parquet", cfg), **kw)
-                joiners = [h.popen(join_cmd(f"{hosts[0].addr}:{port}"), **kw)
-                           for h in list(hosts)[1:]]
-                _wait(driver, f"{name}: the driver", 300)
+                driver, joiners = start_job(hosts, root, out.name, root / "parquet", cfg)
+                finish(driver, f"{name}: the driver", 300)
                 for i, j in enumerate(joiners, 1):
-                    _wait(j, f"{name}: host {i}", 60)
+                    finish(j, f"{name}: host {i}", 60)
                 ex = json.loads((out / "result.json").read_text())["extra"]
                 slow = max(range(args.hosts), key=lambda r: ex[f"rank{r}.step_ms"])
                 steps.append(ex[f"rank{slow}.step_ms"])

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repo root: tests.multihost
 
 from tests.multihost import netns as N  # noqa: E402
-from tests.multihost.jobs import make_dataset  # noqa: E402
+from tests.multihost.jobs import finish, make_dataset  # noqa: E402
 from tests.multihost.test_jobs import _env, config, drive_cmd, join_cmd  # noqa: E402
 
 VARIANTS = {  # name: (plan kinds, dense reduction, forward, backward, dense all-reduce)
@@ -74,13 +74,7 @@ def run_two_hosts(hosts, tmp, name, dataset, dim, variant, steps, batch, timeout
     driver = hosts[0].popen(drive_cmd(tmp, name, dataset, cfg, plan), **kw)
     joiner = hosts[1].popen(join_cmd(ep), **kw)
     for who, p in (("driver", driver), ("joining host", joiner)):
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise SystemExit(f"{name}: the {who} did not finish within {timeout} s") from None
-        if p.returncode != 0:
-            raise SystemExit(f"{name}: the {who} failed:\n{out[-4000:]}")
+        finish(p, f"{name}: the {who}", timeout)
     return _result(tmp / name)
 
 

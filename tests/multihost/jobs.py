@@ -17,6 +17,22 @@ import os
 import sys
 from pathlib import Path
 
+
+def finish(proc, who: str, timeout: float) -> str:
+    """Wait for a host's process (text output): its output, or SystemExit naming ``who`` when it
+    failed or did not end within ``timeout`` seconds (then it is killed). For the benchmarks."""
+    import subprocess
+
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise SystemExit(f"{who} did not finish within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise SystemExit(f"{who} failed:\n{out[-4000:]}")
+    return out
+
+
 KINDS = ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise",
          "table_column_wise"]
 
