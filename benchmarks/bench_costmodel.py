@@ -116,7 +116,6 @@ def run_config(name, spec, manifest, cal_topo, args, scratch):
 
 def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
     """The ``--hosts`` part (see the module docstring): one row per HOST_CONFIGS entry."""
-    import dataclasses
     import json
     import subprocess
 
@@ -134,7 +133,7 @@ def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
     with N.NamespaceHosts(args.hosts, rate=rate, prefix="rscm") as hosts:
         # the 2-rank calibration (this machine's cores shared by 2 ranks), 1 rank per host, and
         # the link measured between the hosts
-        base = dataclasses.replace(cal2.topology.for_world(args.hosts, 1))
+        base = cal2.topology.for_world(args.hosts, 1)
         base_file = base.save(root / "hosts-base.yml")
         topo_file = root / "hosts-calibrated.yml"
         ep = f"{hosts[0].addr}:{HOST_PORT}"

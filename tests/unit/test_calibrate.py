@@ -134,10 +134,13 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
     import subprocess
     import sys
 
+    import torch
+
     from recscale.calibrate import calibrate_main
     from recscale.sharding import Topology
 
     ep = f"127.0.0.1:{_free_port()}"
+    threads, ifname = torch.get_num_threads(), os.environ.get("GLOO_SOCKET_IFNAME")
     base = Topology.preset("cpu-local", world_size=2, local_world_size=1)
     base_file = base.save(tmp_path / "base.yml")
     peer = subprocess.Popen([sys.executable, "-m", "recscale", "calibrate", "--link-endpoint", ep,
@@ -152,6 +155,8 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
     finally:
         peer.kill()
     assert rc == 0 and peer.returncode == 0, out
+    # the caller's process is left as it was: its threads, no gloo interface of the link's
+    assert (torch.get_num_threads(), os.environ.get("GLOO_SOCKET_IFNAME")) == (threads, ifname)
     got = Topology.load(tmp_path / "t.yml")
     assert got.inter_node_lat_s > 0 and got.inter_node_bw > 0
     assert dataclasses.replace(got, inter_node_lat_s=0.0, inter_node_bw=base.inter_node_bw) == base

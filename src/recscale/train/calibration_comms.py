@@ -53,7 +53,6 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
     from datetime import timedelta
 
-    import torch.distributed as dist
 
     cfg = cfg or CalibrationConfig()
     host, _, port = endpoint.rpartition(":")
@@ -71,10 +70,23 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
         ifname = interface_of(route_addr(endpoint))
     except OSError as e:
         raise CalibrationError(f"link calibration: no route to {endpoint} ({e})") from e
-    if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
+    set_env = bool(ifname) and "GLOO_SOCKET_IFNAME" not in os.environ
+    if set_env:  # for this measurement only (the caller's process goes on without it)
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    threads = torch.get_num_threads()
     try:
-        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout,
+        return _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s)
+    finally:
+        if set_env:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+        set_threads(threads)
+
+
+def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
                               wait_for_workers=True)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timeout)
