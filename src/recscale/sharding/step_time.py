@@ -45,6 +45,7 @@ from recscale.config import check
 from .cost import DP, TW, CostModel
 from .plan import ShardingPlan
 from .topology import Topology
+from .traffic import HIER_TYPES
 from .types import PRECISION_BYTES, SHARDING_TYPES, TIERS
 
 # dense FLOP/s assumed for an uncalibrated topology (forward + backward of fp32 MLPs): a few
@@ -135,7 +136,7 @@ def _assembly_passes(plan: ShardingPlan, tiers_on: list[set[str]]) -> np.ndarray
         return np.array([float(len(tiers_on[0]) > 1)])
     hier = plan.topology.num_hosts > 1
     kinds = {"dp" if tp.sharding_type == "data_parallel" else
-             "hier" if hier and tp.sharding_type in ("table_row_wise", "table_column_wise")
+             "hier" if hier and tp.sharding_type in HIER_TYPES
              else "flat" for tp in plan.tables}
     return np.full(plan.world_size, float(len(kinds)))
 
