@@ -23,6 +23,7 @@ from torch import nn
 from recscale.data.batch import SparseFeatures
 from recscale.embedding.api import LocalCollection
 from recscale.embedding.cache import TieredEmbeddingBags
+from recscale.embedding.columns import place_columns
 from recscale.embedding.tbe import EmbeddingOptimizerConfig, FusedEmbeddingBags, InitSlice
 from recscale.embedding.tier_config import TierConfig
 
@@ -101,6 +102,7 @@ class MultiTierEmbeddingBags(LocalCollection):
         inv = np.empty(len(cols), dtype=np.int64)
         inv[cols] = np.arange(len(cols))
         self.register_buffer("_cols", torch.from_numpy(inv), persistent=False)
+        self.register_buffer("_dest", torch.tensor(cols, dtype=torch.int64), persistent=False)
 
     def _split(self, sparse: SparseFeatures) -> list[SparseFeatures]:
         B = sparse.lengths.shape[1]
@@ -116,7 +118,9 @@ class MultiTierEmbeddingBags(LocalCollection):
 
     def forward(self, sparse: SparseFeatures) -> torch.Tensor:
         parts = [m(s) for m, s in zip(self.groups, self._split(sparse))]
-        return torch.cat(parts, dim=1).index_select(1, self._cols)
+        # the groups' columns back into table order: a gather both ways (columns.place_columns)
+        return place_columns(parts, [(p.shape[1],) for p in parts], self._dest, self._cols,
+                             len(self._dest), sparse.lengths.shape[1])
 
     def prefetch(self, started: SparseFeatures) -> None:
         if self._prefetching:

@@ -10,7 +10,8 @@ A forward pass, for a local batch of B samples (B may differ between ranks, even
    go out in two all-to-alls;
 2. the owner looks up the ids of every rank's samples at once (global batch, source-rank order);
 3. output distribution: pooled rows go back to their samples' ranks in one all-to-all; there one
-   ``index_add`` places table-wise and column-shard columns and sums row-wise partial results (the
+   column placement (``columns.place_columns``, with the hierarchical and replicated pieces)
+   puts table-wise and column-shard columns in place and sums row-wise partial results (the
    reduce-scatter, as all-to-all + local sum, in the same collective as everything else).
 
 Steps 1 and 3 are flat (one all-to-all among all ranks) for table_wise, row_wise and
@@ -47,6 +48,7 @@ from recscale.comm.collectives import (
 )
 from recscale.data.batch import SparseFeatures
 from recscale.embedding.api import TableShard, assemble_tables
+from recscale.embedding.columns import inverse_permutation, place_columns
 from recscale.embedding.hierarchical import HierarchicalExchange
 from recscale.embedding.input_dist import InputDist, Routes, arrange_received
 from recscale.embedding.placement import build_embedding_bags, placement_for
@@ -125,6 +127,7 @@ class ShardedEmbeddingCollection(nn.Module):
         for d in self.dims:
             col0.append(col0[-1] + d)
         self.output_dim = col0[-1]
+        self._placements: dict = {}  # see _placement
 
         lay = Routes.of(self.tables, col0, world_size, plan.topology.num_hosts)
         dp, rw, hier, hier_routes = lay.dp, lay.rw, lay.hier, lay.hier_routes
@@ -206,6 +209,7 @@ class ShardedEmbeddingCollection(nn.Module):
                     for c in range(where[i], where[i] + mine[i][1].col_length)]
             self.register_buffer("_local_cols", torch.tensor(cols, dtype=torch.int64),
                                  persistent=False)
+            self.register_buffer("_local_dest", torch.argsort(self._local_cols), persistent=False)
         self.dp = None
         if dp:
             self.register_buffer("_dp_idx", torch.tensor(dp, dtype=torch.int32), persistent=False)
@@ -306,8 +310,8 @@ class ShardedEmbeddingCollection(nn.Module):
             parts.append(self.local(SparseFeatures(("",) * nf, sv[:cut], sl[:nf])))
         cw_l, cw_v = sl[nf:], sv[cut:]
         parts.append(ColumnShardRowwiseAdagrad.apply(self._anchor, self, cw_l, cw_v))
-        both = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        return both.index_select(1, self._local_cols)
+        return place_columns(parts, [(p.shape[1],) for p in parts], self._local_dest,
+                             self._local_cols, len(self._local_cols), bg)
 
     def _received(self, pend: InputDist) -> tuple[torch.Tensor, torch.Tensor]:
         """Wait for a batch's ids and order them for the local lookup (once per batch): the flat
@@ -370,6 +374,17 @@ class ShardedEmbeddingCollection(nn.Module):
         """Hit rate, rows/bytes read and written per slow tier, prefetch seconds ({} if none)."""
         return self.local.tier_stats() if self.local is not None else {}
 
+    def _placement(self, kinds: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Output columns of the pieces of ``kinds`` side by side, and their inverse where they
+        fill the output once (see ``columns.place_columns``); cached per combination."""
+        key = (kinds, str(self._dest_cols.device))  # buffers follow .to(); the cache too
+        if key not in self._placements:
+            cols = {"flat": lambda: self._dest_cols, "hier": lambda: self.hier.dest_cols,
+                    "dp": lambda: self._dp_cols}
+            c = torch.cat([cols[k]() for k in kinds])
+            self._placements[key] = (c, inverse_permutation(c, self.output_dim))
+        return self._placements[key]
+
     def finish(self, pend: InputDist) -> torch.Tensor:
         """Wait for the ids, look up, send pooled rows home, assemble."""
         return self.finish_deferred(pend)()
@@ -403,24 +418,22 @@ class ShardedEmbeddingCollection(nn.Module):
                                             self.bwd_codec, self.bwd_scale)
 
         def complete() -> torch.Tensor:
-            out = None
+            sources, blocks, kinds = [], [], []
             if exchange is not None:
-                wide = exchange.finish(token)
-                pieces, off = [], 0
-                for w in self.widths:
-                    pieces.append(wide[off: off + B * w].view(B, w))
-                    off += B * w
-                wide2 = torch.cat(pieces, dim=1)
-                out = wide2.new_zeros(B, self.output_dim).index_add(1, self._dest_cols, wide2)
+                sources.append(exchange.finish(token))
+                blocks.append(self.widths)
+                kinds.append("flat")
             if hier_done is not None:
                 got = hier_done()
-                if out is None:
-                    out = got.new_zeros(B, self.output_dim)
-                out = out.index_add(1, self.hier.dest_cols, got)
+                sources.append(got)
+                blocks.append((got.shape[1],))
+                kinds.append("hier")
             if mine is not None:
-                if out is None:
-                    out = mine.new_zeros(B, self.output_dim)
-                out = out.index_add(1, self._dp_cols, mine)
+                sources.append(mine)
+                blocks.append((mine.shape[1],))
+                kinds.append("dp")
+            cols, inv = self._placement(tuple(kinds))
+            out = place_columns(sources, blocks, cols, inv, self.output_dim, B)
             if self.output_grad_scale != 1.0:
                 out = GradScale.apply(out, self.output_grad_scale)
             return out

@@ -21,7 +21,7 @@ count as compute, overlapped or not, and so does a reduced-precision codec's wor
 Where the runtime differs from what the planner balances, the prediction follows the runtime: a
 data-parallel replica looks up the global batch (ids gathered from every rank, output gradients
 exchanged after; not a local lookup + an all-reduce of the table), and the collection assembles
-its pieces into the [batch, tables x dim] output once per kind of piece (``Topology.assemble_s``
+its pieces into the [batch, tables x dim] output once per step (``Topology.assemble_s``
 per element; one process only where its tables sit in more than one tier). The update work of a
 table counts its distinct ids (``TablePlan.distinct_fraction``, measured in the data).
 
@@ -45,7 +45,6 @@ from recscale.config import check
 from .cost import DP, TW, CostModel
 from .plan import ShardingPlan
 from .topology import Topology
-from .traffic import HIER_TYPES
 from .types import PRECISION_BYTES, SHARDING_TYPES, TIERS
 
 # dense FLOP/s assumed for an uncalibrated topology (forward + backward of fp32 MLPs): a few
@@ -128,17 +127,13 @@ def _shard_costs(cm: CostModel, tp, s) -> tuple[float, float]:
 
 
 def _assembly_passes(plan: ShardingPlan, tiers_on: list[set[str]]) -> np.ndarray:
-    """Per rank, how many times the collection places pieces into the [B, tables x dim] output:
-    the sharded collection once per kind of piece it receives (the flat exchange's, the
-    hierarchical one's, the replicas'); one process, once where its tables sit in more than one
-    tier (``MultiTierEmbeddingBags``), else never (one fused module)."""
+    """Per rank, how many times the collection places pieces into the [B, tables x dim] output
+    (``embedding.columns.place_columns``): the sharded collection once per step, whatever kinds
+    of piece it receives; one process, once where its tables sit in more than one tier
+    (``MultiTierEmbeddingBags``), else never (one fused module)."""
     if plan.world_size == 1:
         return np.array([float(len(tiers_on[0]) > 1)])
-    hier = plan.topology.num_hosts > 1
-    kinds = {"dp" if tp.sharding_type == "data_parallel" else
-             "hier" if hier and tp.sharding_type in HIER_TYPES
-             else "flat" for tp in plan.tables}
-    return np.full(plan.world_size, float(len(kinds)))
+    return np.ones(plan.world_size)
 
 
 def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: bool = True,

@@ -146,29 +146,32 @@ def _measure_module(make, cfg: CalibrationConfig, T: int, rows: int, progress) -
 
 
 def _measure_assembly(cfg: CalibrationConfig, num_tables: int, world: int, progress) -> list[dict]:
-    """The sharded collection's placing of the pooled vectors it received into the model's
-    [B, tables x dim] output (``ShardedEmbeddingCollection``: per-rank pieces concatenated, then
-    one column ``index_add`` per kind of shard; the backward gathers the columns back): per
-    output element, whatever the ranks."""
+    """The collection's placing of the pooled vectors it received into the model's
+    [B, tables x dim] output, as the runtime runs it (``columns.place_columns``, once per step:
+    the flat exchange's per-rank blocks and the replicas' piece, tables in shuffled order; the
+    backward gathers the columns back): per output element, whatever the ranks."""
+    from recscale.embedding.columns import inverse_permutation, place_columns
+
     pts = []
     g = torch.Generator().manual_seed(1)
     for d in cfg.dims:
         width = num_tables * d
-        cols = torch.randperm(width, generator=g)
-        pieces = [len(c) for c in torch.arange(width).chunk(max(world, 1))]
+        order = torch.randperm(num_tables, generator=g)
+        cols = (order[:, None] * d + torch.arange(d)).reshape(-1)
+        inv = inverse_permutation(cols, width)
+        n_dp = num_tables // 3 * d  # a third of the tables replicated, the rest in rank blocks
+        blocks = [len(c) * d for c in torch.arange(num_tables - num_tables // 3).chunk(
+            max(world, 1))]
         for B in cfg.batch_sizes:
-            wide = torch.randn(B * width, requires_grad=True)
+            wide = torch.randn(B * sum(blocks), requires_grad=True)
+            dp = torch.randn(B, n_dp, requires_grad=True)
             grad = torch.randn(B, width)
 
-            def step(i, wide=wide, B=B, width=width, cols=cols, pieces=pieces, grad=grad):
-                parts, off = [], 0
-                for w in pieces:
-                    parts.append(wide[off: off + B * w].view(B, w))
-                    off += B * w
-                flat = torch.cat(parts, dim=1)
-                out = flat.new_zeros(B, width).index_add(1, cols, flat)
+            def step(i, wide=wide, dp=dp, B=B, width=width, blocks=blocks, grad=grad, cols=cols,
+                     inv=inv, n_dp=n_dp):
+                out = place_columns([wide, dp], [blocks, (n_dp,)], cols, inv, width, B)
                 out.backward(grad)
-                wide.grad = None
+                wide.grad = dp.grad = None
 
             pts.append({"dim": d, "batch": B, "elements": B * width,
                         "seconds": _median_time(step, max(cfg.reps, 5))})
