@@ -56,3 +56,36 @@ def test_comms_config_names_the_bad_key():
         parse(CommsConfig, {"dense_allreduce": "int8"}, "comms")
     with pytest.raises(ConfigError, match=r"comms\.forward='fp4'"):
         parse(CommsConfig, {"forward": "fp4"}, "comms")
+
+
+class _Arrived:
+    def __init__(self, payload):
+        self.payload = payload
+
+    def wait(self):
+        return self.payload
+
+
+def _received(x: torch.Tensor, codec_name: str, scale: float) -> torch.Tensor:
+    from recscale.comm.collectives import PendingEncoded
+
+    codec = get_codec(codec_name)
+    payload = codec.encode(x).reshape(-1)
+    return PendingEncoded(_Arrived(payload), [tuple(x.shape)], [payload.numel()], codec, "grads",
+                          scale, x).wait()
+
+
+@pytest.mark.parametrize("scale", [1024.0, 1000.0])
+def test_scaled_gradients_come_back_divided_and_overflow_is_refused(scale):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 24, generator=g) * 100
+    got = _received(x, "fp16", scale)
+    want = get_codec("fp16").decode(get_codec("fp16").encode(x), 24).reshape(-1) / scale
+    assert torch.equal(got, want)
+    bad = x.clone()
+    bad[17, 3] = 1e6  # beyond fp16's range once encoded: inf
+    with pytest.raises(FloatingPointError, match="grads: non-finite values after fp16"):
+        _received(bad, "fp16", scale)
+    # finite bf16 values whose sum overflows float32 are not refused
+    big = torch.full((4, 8), 3e38)
+    assert torch.isfinite(_received(big, "bf16", 2.0)).all()

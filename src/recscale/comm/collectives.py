@@ -9,6 +9,7 @@ on the same host of the plan's topology, ``CommStats.hosts``) and ``inter_host``
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -180,8 +181,12 @@ class PendingEncoded:
             out.append(dec.reshape(-1))
         y = torch.cat(out) if out else self.like.new_zeros(0)
         if self.scale != 1.0:
-            y = y / self.scale
-            if not torch.isfinite(y).all():
+            # in place (y is this call's own); x * 2^-k is x / 2^k exactly
+            m, e = math.frexp(self.scale)
+            y = y.mul_(1.0 / self.scale) if m == 0.5 else y.div_(self.scale)
+            # a NaN or inf anywhere makes the sum non-finite: one reduction, and the elementwise
+            # check only then (finite values may also add up to an overflow)
+            if not math.isfinite(float(y.sum())) and not bool(torch.isfinite(y).all()):
                 raise FloatingPointError(
                     f"{self.name}: non-finite values after {self.codec.name} encoding with loss "
                     f"scale {self.scale}; lower comms.loss_scale or use bf16 for the backward "
