@@ -171,32 +171,13 @@ class PendingEncoded:
         self.codec, self.name, self.scale, self.like = codec, name, scale, like
 
     def wait(self) -> torch.Tensor:
-        got = self.pending.wait()
-        out, off = [], 0
-        for (rows, cols), n in zip(self.recv_shapes, self.recv):
-            if rows == 0 or cols == 0:
-                continue
-            dec = self.codec.decode(got[off: off + n].view(rows, self.codec.row_bytes(cols)), cols)
-            off += n
-            out.append(dec.reshape(-1))
-        y = torch.cat(out) if out else self.like.new_zeros(0)
-        if self.scale != 1.0:
-            # in place (y is this call's own); x * 2^-k is x / 2^k exactly
-            m, e = math.frexp(self.scale)
-            y = y.mul_(1.0 / self.scale) if m == 0.5 else y.div_(self.scale)
-            # a NaN or inf anywhere makes the sum non-finite: one reduction, and the elementwise
-            # check only then (finite values may also add up to an overflow)
-            if not math.isfinite(float(y.sum())) and not bool(torch.isfinite(y).all()):
-                raise FloatingPointError(
-                    f"{self.name}: non-finite values after {self.codec.name} encoding with loss "
-                    f"scale {self.scale}; lower comms.loss_scale or use bf16 for the backward "
-                    "direction")
-        return y
+        return decode_received(self.pending.wait(), self.recv_shapes, self.recv, self.codec,
+                               self.name, self.scale, self.like)
 
 
-def encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, name,
-                       scale=1.0) -> PendingEncoded:
-    """Encode row blocks ``send_shapes`` of float32 flat ``x`` and start their all-to-all."""
+def encode_blocks(x: torch.Tensor, send_shapes, codec, scale: float = 1.0) -> torch.Tensor:
+    """The row blocks ``send_shapes`` of float32 flat ``x``, times ``scale``, encoded one after
+    another (uint8, flat): what an encoded exchange sends."""
     pieces, off = [], 0
     for rows, cols in send_shapes:
         block = x[off: off + rows * cols].view(rows, cols)
@@ -206,7 +187,40 @@ def encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, nam
         if scale != 1.0:
             block = block * scale
         pieces.append(codec.encode(block).reshape(-1))
-    payload = torch.cat(pieces) if pieces else x.new_zeros(0, dtype=torch.uint8)
+    return torch.cat(pieces) if pieces else x.new_zeros(0, dtype=torch.uint8)
+
+
+def decode_received(got: torch.Tensor, recv_shapes, recv, codec, name: str, scale: float,
+                    like: torch.Tensor) -> torch.Tensor:
+    """What an encoded exchange received (``recv[d]`` bytes of ``recv_shapes[d]`` rows x cols
+    from rank d) -> float32 flat, divided by ``scale``; non-finite values after a scale are
+    refused, naming the exchange."""
+    out, off = [], 0
+    for (rows, cols), n in zip(recv_shapes, recv):
+        if rows == 0 or cols == 0:
+            continue
+        dec = codec.decode(got[off: off + n].view(rows, codec.row_bytes(cols)), cols)
+        off += n
+        out.append(dec.reshape(-1))
+    y = torch.cat(out) if out else like.new_zeros(0)
+    if scale != 1.0:
+        # in place (y is this call's own); x * 2^-k is x / 2^k exactly
+        m, _ = math.frexp(scale)
+        y = y.mul_(1.0 / scale) if m == 0.5 else y.div_(scale)
+        # a NaN or inf anywhere makes the sum non-finite: one reduction, and the elementwise
+        # check only then (finite values may also add up to an overflow)
+        if not math.isfinite(float(y.sum())) and not bool(torch.isfinite(y).all()):
+            raise FloatingPointError(
+                f"{name}: non-finite values after {codec.name} encoding with loss "
+                f"scale {scale}; lower comms.loss_scale or use bf16 for the backward "
+                "direction")
+    return y
+
+
+def encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, name,
+                       scale=1.0) -> PendingEncoded:
+    """Encode row blocks ``send_shapes`` of float32 flat ``x`` and start their all-to-all."""
+    payload = encode_blocks(x, send_shapes, codec, scale)
     send = [r * codec.row_bytes(c) if c else 0 for r, c in send_shapes]
     recv = [r * codec.row_bytes(c) if c else 0 for r, c in recv_shapes]
     pending = all_to_all_1d_async(payload, send, recv, group, stats, name)
