@@ -164,3 +164,35 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
         from recscale.train.calibrate import measure_link
 
         measure_link(0, 2, ep, TINY, timeout_s=2)
+
+
+def test_the_links_cpu_cost_is_what_the_exchange_across_hosts_spends_beyond_one_hosts():
+    """Exchange points across hosts made from a calibrated host's constants plus a known cost
+    per byte sent: the fit finds that cost, and nothing where there is none; the prediction of a
+    2-host step charges it on the bytes sent to the other host."""
+    from recscale.sharding.step_time import predict_step
+    from recscale.train import calibration_fits as fits
+
+    host = dataclasses.replace(Topology.preset("cpu-local", world_size=2, local_world_size=1),
+                               ddr_id_s=8e-8, ddr_op_s=5e-4, bag_s=6e-8, assemble_s=3e-9,
+                               exchange_op_s=4e-3, exchange_bw=1.2e9)
+    T, B, wb, orow, oelem = 8, 512, 4.0, 4.0, 0.0
+    pts = []
+    for d in (16, 64, 128):
+        ids = T * B
+        tb, pb = fits.bytes(ids, ids, d, wb, orow, oelem, ids * 0.4)
+        sent = B * T * d * 4 * 2.0
+        own = (ids * host.ddr_id_s + ids * host.bag_s + (tb + pb) / host.ddr_bw + host.ddr_op_s
+               + B * T * d * host.assemble_s + host.exchange_op_s + sent / host.exchange_bw)
+        pts.append({"dim": d, "batch": B, "distinct": ids * 0.4, "bytes": sent,
+                    "comm_seconds": 2e-3, "seconds": own + 2e-3})
+    assert fits.fit_link_cpu(pts, host, wb, orow, oelem, T)["cpu_bw"] == 0.0
+    for p in pts:
+        p["seconds"] += p["bytes"] / 3e8
+    assert fits.fit_link_cpu(pts, host, wb, orow, oelem, T)["cpu_bw"] == pytest.approx(3e8,
+                                                                                       rel=1e-6)
+    plan = plan_sharding([TableSpec(f"t{i}", 5000, 64, 2.0) for i in range(4)], host, 256)
+    off = predict_step(plan, None)
+    on = predict_step(plan, None, topology=dataclasses.replace(host, inter_node_cpu_bw=3e8))
+    assert all(b > a for a, b in zip(off.compute, on.compute))
+

@@ -128,6 +128,30 @@ def test_the_output_assembly_is_counted_once_per_step():
     assert predict_step(one, None, topology=one_topo) == predict_step(one, None)
 
 
+def test_a_rank_whose_shards_span_tiers_also_places_its_own_lookups():
+    topo = dataclasses.replace(Topology.preset("cpu-local"), assemble_s=1e-9)
+    plan = plan_sharding(_tables(4, 32), topo, 512)
+    tw = [tp for tp in plan.tables if tp.sharding_type == "table_wise"]
+    on0 = [tp for tp in tw if tp.shards[0].rank == 0]
+    assert len(on0) >= 2
+    # one of rank 0's tables moves to the SSD-backed cache: rank 0 now looks up in two tiers
+    moved = on0[0]
+    tables = [dataclasses.replace(tp, shards=tuple(dataclasses.replace(s, tier="ssd")
+                                                   for s in tp.shards)) if tp is moved else tp
+              for tp in plan.tables]
+    spilled = dataclasses.replace(plan, tables=tuple(tables))
+    off = predict_step(spilled, None, topology=dataclasses.replace(topo, assemble_s=0.0))
+    on = predict_step(spilled, None, topology=topo)
+    width = 4 * 32
+    cols0 = sum(len(tp.feature_names) * s.col_length for tp in plan.tables
+                if tp.sharding_type != "data_parallel" for s in tp.shards if s.rank == 0)
+    # every rank places the collection's output once; rank 0 also its own lookups (the global
+    # batch of 2 ranks x its columns)
+    assert on.compute[0] - off.compute[0] == pytest.approx(512 * width * 1e-9 + 1024 * cols0 * 1e-9,
+                                                           rel=1e-6)
+    assert on.compute[1] - off.compute[1] == pytest.approx(512 * width * 1e-9, rel=1e-6)
+
+
 def test_the_interaction_is_costed_per_element_where_calibrated():
     from recscale.config import parse
     from recscale.model import ModelConfig

@@ -16,7 +16,8 @@ the runtime performs (``recscale.train.overlap``, ``train.pipeline: true``):
 The exchange also works on the rank's own cores (bucketing ids, packing, codecs, summing partial
 rows; on a CPU gloo's copies too): ``Topology.exchange_op_s`` + bytes sent / ``exchange_bw``
 count as compute, overlapped or not, and so does a reduced-precision codec's work
-(``Topology.codec_s`` per element encoded or decoded).
+(``Topology.codec_s`` per element encoded or decoded), and across hosts the network stack's
+(``Topology.inter_node_cpu_bw``).
 
 Where the runtime differs from what the planner balances, the prediction follows the runtime: a
 data-parallel replica looks up the global batch (ids gathered from every rank, output gradients
@@ -154,13 +155,18 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
     f_share = (cm.fb + cm.f_extra) / max(cm.fb + cm.bb + cm.f_extra + cm.b_extra, 1e-12)
     emb = np.zeros(W)
     xbytes = np.zeros(W)  # bytes the rank sends in the exchange (input, output, gradients)
-    # elements a reduced-precision codec encodes + decodes on the rank (both directions)
+    # elements a reduced-precision codec encodes + decodes on the rank (both directions; the
+    # rank's own block too: it travels through the codec like the others)
     coded = float(cm.fb < 4) + float(cm.bb < 4)
     xcodec = np.zeros(W)
     inp = np.zeros(W)
     out_fwd = np.zeros(W)
     out_bwd = np.zeros(W)
     tiers_on: list[set[str]] = [set() for _ in range(W)]
+    # a rank's own shards: a lookup module per tier when they sit in more than one, whose
+    # outputs (global batch x their columns) are placed together before the exchange
+    local_tiers: list[set[str]] = [set() for _ in range(W)]
+    local_cols = np.zeros(W)
     for tp in plan.tables:
         F = float(len(tp.feature_names))
         L = float(tp.pooling_factor)
@@ -169,6 +175,9 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
         for s in tp.shards:
             r = s.rank
             tiers_on[r].add(s.tier)
+            if not dp:
+                local_tiers[r].add(s.tier)
+                local_cols[r] += F * s.col_length
             # the planner's costs, except for a replica: the planner budgets it as a local lookup
             # + an all-reduce of the table; the runtime looks up the global batch on every
             # replica and exchanges the ids and the output gradients instead
@@ -185,12 +194,12 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
                     inp[r] += (ids * cm.ib + vec * 4) * cm.a2a
                     out_bwd[r] += vec * s.col_length * cm.bb * cm.a2a
                     xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * s.col_length * cm.bb)
-                    xcodec[r] += float(cm.bb < 4) * 2 * remote * vec * s.col_length
+                    xcodec[r] += float(cm.bb < 4) * 2 * vec * s.col_length
                 continue
             i = (ids * cm.ib + vec * 4) * cm.a2a
             xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * (
                 s.col_length * (cm.fb + cm.bb) + cm.f_extra + cm.b_extra))
-            xcodec[r] += 2 * coded * remote * vec * s.col_length
+            xcodec[r] += 2 * coded * vec * s.col_length
             inp[r] += min(i, comms_s)
             rest = comms_s - min(i, comms_s)
             out_fwd[r] += rest * f_share
@@ -199,9 +208,16 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
         emb[r] += sum(topo.op_seconds(t) for t in tiers_on[r])
     emb += _assembly_passes(plan, tiers_on) * B * sum(
         len(tp.feature_names) * tp.embedding_dim for tp in plan.tables) * topo.assemble_s
+    if W > 1:
+        multi = np.array([float(len(t) > 1) for t in local_tiers])
+        emb += multi * B * W * local_cols * topo.assemble_s
     if W > 1 and xbytes.any():
         emb += topo.exchange_op_s + (xbytes / topo.exchange_bw if topo.exchange_bw else 0.0)
         emb += xcodec * topo.codec_s
+        if topo.num_hosts > 1 and topo.inter_node_cpu_bw:
+            # the share sent to ranks on other hosts costs the host's network stack too
+            across = (W - topo.local_world_size) / (W - 1)
+            emb += xbytes * across / topo.inter_node_cpu_bw
     flops = topo.dense_flops or DEFAULT_DENSE_FLOPS.get(topo.device, 2e10)
     d_fb = d_bottom = d_ar = 0.0
     if dense is not None:

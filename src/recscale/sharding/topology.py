@@ -94,6 +94,9 @@ class Topology:
     exchange_op_s: float = 0.0
     exchange_bw: float = 0.0
     codec_s: float = 0.0  # seconds per element a reduced-precision codec encodes or decodes
+    # bytes a rank sends to other hosts per second of its own CPU, beyond exchange_bw (the
+    # host's network stack); 0: nothing beyond
+    inter_node_cpu_bw: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("world_size", "local_world_size"):
@@ -262,7 +265,8 @@ class Topology:
 # Fields only calibration sets (see the class); 0 = not measured.
 CALIBRATED = ("hbm_op_s", "ddr_op_s", "ssd_op_s", "hbm_id_s", "ddr_id_s", "ssd_id_s", "bag_s",
               "intra_node_lat_s", "inter_node_lat_s", "dense_flops", "dense_op_s",
-              "interaction_s", "assemble_s", "exchange_op_s", "exchange_bw", "codec_s")
+              "interaction_s", "assemble_s", "exchange_op_s", "exchange_bw", "codec_s",
+              "inter_node_cpu_bw")
 
 # SSD random-row read bandwidth assumed where a topology has no SSD tier of its own (a memory-mapped
 # file on a local NVMe drive; an assumption like the presets' SSD figures, not a measurement).

@@ -13,6 +13,7 @@ import recscale.train.calibration_fits as fits
 from recscale.data.batch import SparseFeatures
 from recscale.distributed import set_threads
 from recscale.sharding import Topology
+from recscale.sharding.types import OPTIMIZER_STATE, PRECISION_BYTES
 from recscale.train.calibration_config import CalibrationConfig, CalibrationError
 from recscale.train.calibration_config import median_time as _median_time
 
@@ -43,13 +44,15 @@ def _measure_comms(sizes, reps, collectives=("all_to_all", "all_reduce")) -> lis
 
 
 def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
-                 timeout_s: float = 60.0) -> dict[str, Any]:
+                 timeout_s: float = 60.0, base: Topology | None = None) -> dict[str, Any]:
     """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
     (``_measure_exchange``), whose communication as ``CommStats`` counts it is fitted to latency
     per call + bytes each rank sends: ``{"inter_node_lat_s", "inter_node_bw", "fit",
-    "collectives", "points", "exchange"}``.
+    "collectives", "points", "exchange", "inter_node_cpu_bw", "cpu_fit"}``; with ``base`` (one
+    host's calibrated topology, ``exchange_bw`` measured) the exchange's extra work on the ranks'
+    own cores per byte sent across (``fits.fit_link_cpu``; else ``inter_node_cpu_bw`` 0).
     A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
     from datetime import timedelta
 
@@ -75,11 +78,18 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
     threads = torch.get_num_threads()
     try:
-        return _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s)
+        got = _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s)
     finally:
         if set_env:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
         set_threads(threads)
+    got["inter_node_cpu_bw"], got["cpu_fit"] = 0.0, None
+    if base is not None and base.exchange_bw > 0:  # a calibrated host to compare with
+        orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
+        got["cpu_fit"] = fits.fit_link_cpu(got["exchange"], base, float(PRECISION_BYTES["fp32"]),
+                                           orow, oelem, 2 * cfg.tables)
+        got["inter_node_cpu_bw"] = got["cpu_fit"]["cpu_bw"]
+    return got
 
 
 def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s) -> dict[str, Any]:

@@ -117,17 +117,41 @@ def fit_exchange(pts, fast, wb, opt_row, opt_elem, T, assemble_s=0.0):
             yc.append(r)
     Xc, yc = np.array(Xc), np.array(yc)
     cc = nnls(Xc, yc, np.array([p["seconds"] for p in fp32]))
-    # fp16 at the widest dim: its extra work beyond fp32's (with half the bytes to move) is
-    # the codecs', per element encoded or decoded (pooled vectors and gradients, sent and received)
+    # fp16 at the widest dim: its extra work beyond fp32's (with half the bytes to move) is the
+    # codecs', per element encoded or decoded: every rank encodes all it sends (its own
+    # samples' block too) and decodes all it receives, forward and backward: 4 x B x T x dim
     d = max(p["dim"] for p in pts)
-    wide = next((p for p in fp32 if p["dim"] == d), None)
     codec_s = 0.0
-    if wide is not None and (d, "fp16") in residual:
+    if (d, "fp32") in residual and (d, "fp16") in residual:
         half = next(p for p in pts if p["dim"] == d and p.get("precision") == "fp16")
         extra = residual[(d, "fp16")] - (cc[0] + half["bytes"] * cc[1])
-        elements = 2 * wide["bytes"] / 4  # encoded and decoded, forward and backward
-        codec_s = max(extra, 0.0) / elements
+        codec_s = max(extra, 0.0) / (4 * half["batch"] * T * d)
     return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
             "calls_per_step": float(np.mean([p["calls"] for p in pts])),
             "fit_rel_err": rel_err(X, y, c), "op_s": cc[0],
             "cpu_bw": 1.0 / cc[1] if cc[1] > 0 else 1e12, "codec_s": codec_s}
+
+
+def fit_link_cpu(pts, base, wb, opt_row, opt_elem, T):
+    """The exchange across hosts (``pts``: ``_measure_exchange`` run one rank per host) against
+    the same exchange as ``base`` (one host's calibrated topology) predicts it: the extra
+    seconds of the ranks' own CPU beyond the communication, per byte a rank sends to the other
+    hosts (a host's network stack: copies, checksums, interrupts), fitted on the fp32 points ->
+    ``{"cpu_bw", "fit_rel_err"}`` (``cpu_bw`` 0: none beyond the base's)."""
+    ct = base.compute_tier
+    X, y, whole = [], [], []
+    for p in pts:
+        if p.get("precision", "fp32") != "fp32":
+            continue
+        ids = bags = T * p["batch"]
+        tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
+        bw = base.bandwidth(ct)
+        own = (ids * base.id_seconds(ct) + bags * base.bag_s + (tb + pb) / bw
+               + base.op_seconds(ct) + p["batch"] * T * p["dim"] * base.assemble_s
+               + base.exchange_op_s + (p["bytes"] / base.exchange_bw if base.exchange_bw else 0.0))
+        X.append([p["bytes"]])
+        y.append(max(p["seconds"] - p["comm_seconds"] - own, 0.0))
+        whole.append(p["seconds"])
+    X, y = np.array(X), np.array(y)
+    c = nnls(X, y, np.array(whole))
+    return {"cpu_bw": 1.0 / c[0] if c[0] > 0 else 0.0, "fit_rel_err": rel_err(X, y, c)}
