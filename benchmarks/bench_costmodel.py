@@ -189,9 +189,14 @@ def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
     return rows
 
 
-def concordant(rows, key) -> tuple[int, int]:
+def concordant(rows, key, separated: bool = False) -> tuple[int, int]:
+    """Pairs whose predictions (``key``) are in the order of their measured medians, out of all
+    pairs; ``separated``: only the pairs the measurement itself orders (their runs' [min, max]
+    ranges do not overlap: a pair whose ranges overlap swaps order between runs)."""
     ok = n = 0
     for a, b in itertools.combinations(rows, 2):
+        if separated and not (a["spread"][1] < b["spread"][0] or b["spread"][1] < a["spread"][0]):
+            continue
         n += 1
         ok += (a["measured"] - b["measured"]) * (a[key] - b[key]) > 0
     return ok, n
@@ -273,6 +278,14 @@ def _run(args, root: Path) -> int:
            for k in ("before", "after")}
     print(f"median |measured / predicted - 1|: before {err['before']:.2f}, after {err['after']:.2f}")
     print(f"pairs ranked as measured: before {cb}/{n}, after {ca}/{n}")
+    sb, m = concordant(rows, "before", separated=True)
+    sa, _ = concordant(rows, "after", separated=True)
+    print(f"  of the pairs whose runs' ranges do not overlap: before {sb}/{m}, after {sa}/{m}")
+    for a, b in itertools.combinations(rows, 2):
+        if (a["measured"] - b["measured"]) * (a["after"] - b["after"]) <= 0:
+            print(f"  out of order after: {a['name']} {a['measured']:.1f} vs {b['name']} "
+                  f"{b['measured']:.1f} measured ({abs(a['measured'] / b['measured'] - 1):.0%} "
+                  f"apart), predicted {a['after']:.1f} vs {b['after']:.1f}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
 
