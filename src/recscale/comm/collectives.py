@@ -232,6 +232,19 @@ def encoded_exchange(x, send_shapes, recv_shapes, codec, group, stats, name, sca
     return encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, name, scale).wait()
 
 
+def encoded_all_gather(x, rows: int, cols: int, batch_rows: Sequence[int], codec, group, stats,
+                       name, scale=1.0) -> torch.Tensor:
+    """Every rank's [rows, cols] block of float32 flat ``x`` to every rank (``batch_rows[d]``
+    rows from rank d), as one encoded all-to-all: the block is encoded once and its bytes sent to
+    each rank (bitwise what encoding a copy per rank sends) -> flat float32, rank order."""
+    one = encode_blocks(x, [(rows, cols)], codec, scale)
+    W = len(batch_rows)
+    recv = [r * codec.row_bytes(cols) if cols else 0 for r in batch_rows]
+    pending = all_to_all_1d_async(one.repeat(W), [one.numel()] * W, recv, group, stats, name)
+    return decode_received(pending.wait(), [(r, cols) for r in batch_rows], recv, codec, name,
+                           scale, x)
+
+
 class OutputExchange:
     """An encoded all-to-all split in two autograd steps so compute can run while data moves:
     ``start(x)`` sends (forward) and ``finish(token)`` receives. In backward, ``finish``'s

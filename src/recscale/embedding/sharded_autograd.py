@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from recscale.comm.collectives import all_to_all_1d, encoded_exchange
+from recscale.comm.collectives import all_to_all_1d, encoded_all_gather
 
 
 class OwnRowsGatherGrad(torch.autograd.Function):
@@ -27,10 +27,8 @@ class OwnRowsGatherGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         batch_sizes, rank, group, stats, w, codec, scale = ctx.args
-        world_size = len(batch_sizes)
-        flat = grad.contiguous().reshape(-1).repeat(world_size)
-        g = encoded_exchange(flat, [(batch_sizes[rank], w)] * world_size, [(b, w) for b in batch_sizes],
-                         codec, group, stats, "dp_output_grad", scale)
+        g = encoded_all_gather(grad.contiguous().reshape(-1), batch_sizes[rank], w, batch_sizes,
+                               codec, group, stats, "dp_output_grad", scale)
         return g.view(-1, w), None, None, None, None, None, None, None
 
 

@@ -194,7 +194,8 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
                     inp[r] += (ids * cm.ib + vec * 4) * cm.a2a
                     out_bwd[r] += vec * s.col_length * cm.bb * cm.a2a
                     xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * s.col_length * cm.bb)
-                    xcodec[r] += float(cm.bb < 4) * 2 * vec * s.col_length
+                    # its own rows' gradients encoded once, every rank's decoded
+                    xcodec[r] += float(cm.bb < 4) * (1 + 1 / W) * vec * s.col_length
                 continue
             i = (ids * cm.ib + vec * 4) * cm.a2a
             xbytes[r] += remote * (ids * cm.ib + vec * 4 + vec * (
