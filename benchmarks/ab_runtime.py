@@ -61,8 +61,11 @@ if __name__ == "__main__":
 
 def run_tree(tree: Path, names: str, data: Path, steps: int, script: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), DO_NOT_TRACK="true")
-    p = subprocess.run([sys.executable, str(script), str(tree), names, str(data), str(steps)],
-                       env=env, capture_output=True, text=True, timeout=900)
+    try:
+        p = subprocess.run([sys.executable, str(script), str(tree), names, str(data), str(steps)],
+                           env=env, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as e:
+        raise SystemExit(f"{tree}: its run of {names} did not finish within 900 s") from e
     line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
     if p.returncode or line is None:
         raise SystemExit(f"{tree}: exit {p.returncode}\n{(p.stdout + p.stderr)[-3000:]}")
