@@ -8,15 +8,10 @@ from recscale.embedding.columns import inverse_permutation, place_columns
 
 
 def _reference(sources, blocks, cols, out_dim, B):
-    pieces = []
-    for src, widths in zip(sources, blocks):
-        if src.dim() == 2:
-            pieces.append(src)
-            continue
-        off = 0
-        for w in widths:
-            pieces.append(src[off: off + B * w].view(B, w))
-            off += B * w
+    # a 1-D source's blocks, each [B, w] row-major, side by side: rows of the blocks concatenated
+    pieces = [src if src.dim() == 2 else torch.cat(
+        [src[sum(widths[:k]) * B:][: B * w].reshape(B, w) for k, w in enumerate(widths)], dim=1)
+        for src, widths in zip(sources, blocks)]
     wide = torch.cat(pieces, dim=1)
     return wide.new_zeros(B, out_dim).index_add(1, cols, wide)
 

@@ -39,14 +39,11 @@ class _Place(torch.autograd.Function):
         for src, widths in zip(sources, blocks):
             if src.dim() == 2:
                 pieces.append(src)
-                continue
-            off = 0
-            for w in widths:
-                pieces.append(src[off: off + B * w].view(B, w))
-                off += B * w
+            else:  # [B, w] blocks one after another
+                pieces += [b.view(B, w) for b, w in zip(src.split([B * w for w in widths]), widths)]
         wide = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
         ctx.save_for_backward(cols)
-        ctx.B, ctx.blocks, ctx.dims = B, blocks, [s.dim() for s in sources]
+        ctx.blocks, ctx.dims = blocks, [s.dim() for s in sources]
         if inv is not None:
             return wide.index_select(1, inv)
         return wide.new_zeros(B, out_dim).index_add_(1, cols, wide)

@@ -374,14 +374,14 @@ class ShardedEmbeddingCollection(nn.Module):
         """Hit rate, rows/bytes read and written per slow tier, prefetch seconds ({} if none)."""
         return self.local.tier_stats() if self.local is not None else {}
 
-    def _placement(self, kinds: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Output columns of the pieces of ``kinds`` side by side, and their inverse where they
-        fill the output once (see ``columns.place_columns``); cached per combination."""
-        key = (kinds, str(self._dest_cols.device))  # buffers follow .to(); the cache too
+    def _placement(self, kinds: tuple[str, ...], cols: list[torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output columns ``cols`` of the pieces of ``kinds`` side by side, and their inverse
+        where they fill the output once (see ``columns.place_columns``); cached per combination
+        (and device: buffers follow .to())."""
+        key = (kinds, str(cols[0].device))
         if key not in self._placements:
-            cols = {"flat": lambda: self._dest_cols, "hier": lambda: self.hier.dest_cols,
-                    "dp": lambda: self._dp_cols}
-            c = torch.cat([cols[k]() for k in kinds])
+            c = torch.cat(cols)
             self._placements[key] = (c, inverse_permutation(c, self.output_dim))
         return self._placements[key]
 
@@ -418,21 +418,24 @@ class ShardedEmbeddingCollection(nn.Module):
                                             self.bwd_codec, self.bwd_scale)
 
         def complete() -> torch.Tensor:
-            sources, blocks, kinds = [], [], []
+            sources, blocks, kinds, dest = [], [], [], []
             if exchange is not None:
                 sources.append(exchange.finish(token))
                 blocks.append(self.widths)
                 kinds.append("flat")
+                dest.append(self._dest_cols)
             if hier_done is not None:
                 got = hier_done()
                 sources.append(got)
                 blocks.append((got.shape[1],))
                 kinds.append("hier")
+                dest.append(self.hier.dest_cols)
             if mine is not None:
                 sources.append(mine)
                 blocks.append((mine.shape[1],))
                 kinds.append("dp")
-            cols, inv = self._placement(tuple(kinds))
+                dest.append(self._dp_cols)
+            cols, inv = self._placement(tuple(kinds), dest)
             out = place_columns(sources, blocks, cols, inv, self.output_dim, B)
             if self.output_grad_scale != 1.0:
                 out = GradScale.apply(out, self.output_grad_scale)

@@ -94,6 +94,16 @@ def fit_comms(pts, W):
     return {"lat_s": c[0], "bw": 1.0 / c[1] if c[1] > 0 else 1e12, "fit_rel_err": rel_err(X, y, c)}
 
 
+def _lookups_and_assembly(p, T, wb, opt_row, opt_elem, fast, assemble_s):
+    """Seconds of an exchange point's own lookups (``fast``: the in-memory fit's ``op_s``,
+    ``id_s``, ``bag_s``, ``bw``) and of its output's assembly: what its step holds beyond the
+    exchange's work."""
+    ids = bags = T * p["batch"]
+    tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
+    return (fast["op_s"] + ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
+            + p["batch"] * T * p["dim"] * assemble_s)
+
+
 def fit_exchange(pts, fast, wb, opt_row, opt_elem, T, assemble_s=0.0):
     """The exchange's communication per step (as ``CommStats`` counts it) = calls x latency +
     bytes sent / bandwidth; the rest of its step beyond the lookups (``fast``: the in-memory
@@ -106,11 +116,8 @@ def fit_exchange(pts, fast, wb, opt_row, opt_elem, T, assemble_s=0.0):
     Xc, yc = [], []
     residual = {}
     for p in pts:
-        ids = bags = T * p["batch"]
-        tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
-        lookup = ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
-        assembly = p["batch"] * T * p["dim"] * assemble_s  # its own term (Topology.assemble_s)
-        r = max(p["seconds"] - p["comm_seconds"] - lookup - fast["op_s"] - assembly, 0.0)
+        own = _lookups_and_assembly(p, T, wb, opt_row, opt_elem, fast, assemble_s)
+        r = max(p["seconds"] - p["comm_seconds"] - own, 0.0)
         residual[(p["dim"], p.get("precision", "fp32"))] = r
         if p in fp32:
             Xc.append([1.0, p["bytes"]])
@@ -139,15 +146,13 @@ def fit_link_cpu(pts, base, wb, opt_row, opt_elem, T):
     hosts (a host's network stack: copies, checksums, interrupts), fitted on the fp32 points ->
     ``{"cpu_bw", "fit_rel_err"}`` (``cpu_bw`` 0: none beyond the base's)."""
     ct = base.compute_tier
+    fast = {"op_s": base.op_seconds(ct), "id_s": base.id_seconds(ct), "bag_s": base.bag_s,
+            "bw": base.bandwidth(ct)}
     X, y, whole = [], [], []
     for p in pts:
         if p.get("precision", "fp32") != "fp32":
             continue
-        ids = bags = T * p["batch"]
-        tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
-        bw = base.bandwidth(ct)
-        own = (ids * base.id_seconds(ct) + bags * base.bag_s + (tb + pb) / bw
-               + base.op_seconds(ct) + p["batch"] * T * p["dim"] * base.assemble_s
+        own = (_lookups_and_assembly(p, T, wb, opt_row, opt_elem, fast, base.assemble_s)
                + base.exchange_op_s + (p["bytes"] / base.exchange_bw if base.exchange_bw else 0.0))
         X.append([p["bytes"]])
         y.append(max(p["seconds"] - p["comm_seconds"] - own, 0.0))
