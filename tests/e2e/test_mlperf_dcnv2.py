@@ -13,6 +13,8 @@ def test_mlperf_dcnv2_env_trains_dcn_on_multi_hot_bags_and_reports_the_oracle(tm
     params = {"data": {"raw_dir": str(tmp_path / "raw"), "synthetic": {"num_rows": 4000}},
               "preprocess": {"output_dir": str(tmp_path / "pq"), "row_group_size": 1000},
               "train": {"batch_size_per_rank": 256,
+                        # the env's decay over the second half of its steps, here of 13
+                        "dense_optimizer": {"decay_start_step": 6, "decay_steps": 7},
                         "checkpoint": {"dir": str(tmp_path / "ckpt")}}}
     out = run_in_process("dlrm", env="mlperf_dcnv2", params=params)
     report = out["evaluation_report"].load()
