@@ -18,8 +18,9 @@ Time of one training iteration attributed to the rank that holds a shard, in sec
   host, table-column-wise: columns to the sample's peer inside the host, whole vectors across.
   Host-bound types on more than one host take their ids in two stages too: the table's ids cross
   hosts once per sample (at ``inter_node_bw``), the shard's share spreads inside the host.
-- data-parallel: local lookups, a dense update of the replica, and a ring all-reduce of the dense
-  gradient (``comms.dense_allreduce`` precision).
+- data-parallel, as the runtime runs a replica: every replica gathers the ids of the global batch,
+  looks them up and applies the same fused update, and the output gradients of the global batch
+  are exchanged in backward (``comms.backward`` precision).
 
 Memory of a shard: weights (``weight_precision``) + optimizer state (fp32) in its tier; the cache
 (``c`` x those bytes) and I/O buffers (ids, lengths, pooled outputs and gradients) in the compute tier.
@@ -64,8 +65,7 @@ class CostModel:
         self.Lw = topology.local_world_size
         self.wb = float(PRECISION_BYTES[options.weight_precision])
         c = options.comms
-        self.fb, self.bb, self.db = (float(PRECISION_BYTES[p]) for p in
-                                     (c.forward, c.backward, c.dense_allreduce))
+        self.fb, self.bb = float(PRECISION_BYTES[c.forward]), float(PRECISION_BYTES[c.backward])
         # int8 row-wise quantised vectors carry an fp32 scale and bias each.
         self.f_extra = 8.0 if c.forward == "int8" else 0.0
         self.b_extra = 8.0 if c.backward == "int8" else 0.0
@@ -122,12 +122,15 @@ class CostModel:
         cpb = 1.0 / self.bw[self.compute_tier]
         storage = self.storage_bytes(rows, cols)
         if kind == DP:
-            vec = B * F  # local pooled vectors
+            # as the runtime runs a replica: every replica looks up the global batch and applies
+            # its fused update (all replicas the same one), after gathering every rank's ids;
+            # in backward the output gradients of the global batch are exchanged
+            vec = B * W * F
             lookups = vec * L
-            compute = (lookups * cols * wb + rows * cols * (2 * wb + 4) + rows * 2 * opt) * spb
-            compute = compute + 2 * vec * cols * 4 * cpb
-            comms = (2 * (W - 1) / W) * rows * cols * self.db / self.ring_bw(np.full_like(N, W))
-            io = lookups * ib + vec * 4 + 2 * vec * cols * 4 + rows * cols * 4
+            compute = (lookups * (cols * wb + U * (2 * cols * wb + 2 * opt)) * spb
+                       + 2 * vec * cols * 4 * cpb)
+            comms = (lookups * ib + vec * 4 + vec * (cols * self.bb + self.b_extra)) * self.a2a
+            io = lookups * ib + vec * 4 + 2 * vec * cols * 4
         else:
             vec = B * W * F  # pooled vectors of the global batch for this table
             lookups = vec * L * rows / N

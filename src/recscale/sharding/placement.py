@@ -37,7 +37,7 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
     dp_idx = np.flatnonzero(is_dp)
     ct = np.full(dp_idx.size, ctx.ct)
     dpc = ctx.model.shards(DP, t.N[dp_idx], t.L[dp_idx], t.F[dp_idx], t.N[dp_idx],
-                           t.D[dp_idx], W, ct, 0.0)
+                           t.D[dp_idx], W, ct, 0.0, t.U[dp_idx])
     dp_need = np.zeros((dp_idx.size, 3))
     dp_need[:, ctx.ct] = dpc.storage + dpc.io
     compute += dpc.compute.sum()

@@ -43,7 +43,7 @@ import numpy as np
 
 from recscale.config import check
 
-from .cost import DP, TW, CostModel
+from .cost import CostModel
 from .plan import ShardingPlan
 from .topology import Topology
 from .types import PRECISION_BYTES, SHARDING_TYPES, TIERS
@@ -113,14 +113,10 @@ class StepPrediction:
 
 
 def _shard_costs(cm: CostModel, tp, s) -> tuple[float, float]:
-    """(compute, comms) seconds of one shard of table plan ``tp`` under ``cm``'s topology. A
-    data-parallel replica is costed as the runtime runs it: lookups and the fused update of the
-    global batch (every replica applies the same full-batch update), i.e. a whole table-wise
-    shard's compute; its exchange is costed by the caller."""
+    """(compute, comms) seconds of one shard of table plan ``tp`` under ``cm``'s topology (a
+    data-parallel replica's exchange is costed by the caller)."""
     kind = SHARDING_TYPES.index(tp.sharding_type)
     k = len(tp.shards) if tp.sharding_type != "data_parallel" else 1
-    if kind == DP:
-        kind = TW
     c = cm.shards(kind, tp.num_embeddings, tp.pooling_factor, len(tp.feature_names),
                   s.row_length, s.col_length, k, TIERS.index(s.tier), s.cache_fraction,
                   tp.distinct_fraction)
@@ -178,10 +174,9 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
             if not dp:
                 local_tiers[r].add(s.tier)
                 local_cols[r] += F * s.col_length
-            # the planner's costs, except for a replica: the planner budgets it as a local lookup
-            # + an all-reduce of the table; the runtime looks up the global batch on every
-            # replica and exchanges the ids and the output gradients instead
-            compute_s, comms_s = ((s.compute_cost, s.comms_cost) if topology is None and not dp
+            # the planner's costs (a replica's as the runtime runs it: lookups and the fused
+            # update of the global batch), or the same shard's on another topology
+            compute_s, comms_s = ((s.compute_cost, s.comms_cost) if topology is None
                                   else _shard_costs(cm, tp, s))
             vec = B * W * F  # pooled vectors of the global batch (every replica's too)
             ids = vec * L if dp else vec * L * s.row_length / N

@@ -76,7 +76,7 @@ def assign_tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float,
     storage = m.storage_bytes(t.N, t.D)
     ct_tier = np.full(ctx.n, ctx.ct)
     tw = m.shards(TW, t.N, t.L, t.F, t.N, t.D, 1, ct_tier, 0.0, t.U)
-    dp = m.shards(DP, t.N, t.L, t.F, t.N, t.D, W, ct_tier, 0.0)
+    dp = m.shards(DP, t.N, t.L, t.F, t.N, t.D, W, ct_tier, 0.0, t.U)
     others = g.valid.copy()
     others[:, ctx.dp_col] = False
     wst = m.storage_bytes(g.wide_rows, g.wide_cols)
