@@ -121,22 +121,18 @@ class CostModel:
         spb = self.seconds_per_byte(tier, cache)
         cpb = 1.0 / self.bw[self.compute_tier]
         storage = self.storage_bytes(rows, cols)
-        if kind == DP:
-            # as the runtime runs a replica: every replica looks up the global batch and applies
-            # its fused update (all replicas the same one), after gathering every rank's ids;
-            # in backward the output gradients of the global batch are exchanged
-            vec = B * W * F
-            lookups = vec * L
-            compute = (lookups * (cols * wb + U * (2 * cols * wb + 2 * opt)) * spb
-                       + 2 * vec * cols * 4 * cpb)
-            comms = (lookups * ib + vec * 4 + vec * (cols * self.bb + self.b_extra)) * self.a2a
-            io = lookups * ib + vec * 4 + 2 * vec * cols * 4
+        vec = B * W * F  # pooled vectors of the global batch for this table
+        # a replica, as the runtime runs it, looks up the global batch and applies the same fused
+        # update as every other replica: a whole table-wise shard's compute on every rank
+        lookups = vec * L if kind == DP else vec * L * rows / N
+        compute = (lookups * (cols * wb + U * (2 * cols * wb + 2 * opt)) * spb
+                   + 2 * vec * cols * 4 * cpb)
+        io = lookups * ib + vec * 4 + 2 * vec * cols * 4
+        ids = lookups * ib + vec * 4  # ids and lengths in (a replica: every rank's)
+        if kind == DP:  # and in backward every rank's rows of the output gradients out
+            comms = (ids + vec * (cols * self.bb + self.b_extra)) * self.a2a
         else:
-            vec = B * W * F  # pooled vectors of the global batch for this table
-            lookups = vec * L * rows / N
-            compute = (lookups * (cols * wb + U * (2 * cols * wb + 2 * opt)) * spb
-                       + 2 * vec * cols * 4 * cpb)
-            comms = (lookups * ib + vec * 4) * self.a2a
+            comms = ids * self.a2a
             out = vec * (cols * (self.fb + self.bb) + self.f_extra + self.b_extra)
             if kind in (TWRW, TWCW) and W > Lw:
                 # two stages (embedding.hierarchical): the table's ids and lengths cross hosts
@@ -154,7 +150,6 @@ class CostModel:
                 comms = comms + ((Lw - 1) / Lw) * out / self.intra + out * ((W - Lw) / W) / self.inter
             else:
                 comms = comms + out * self.a2a
-            io = lookups * ib + vec * 4 + 2 * vec * cols * 4
         shape = np.broadcast_shapes(np.shape(compute), np.shape(comms), np.shape(storage))
         return ShardCosts(
             compute=np.broadcast_to(compute, shape).astype(float),
