@@ -45,6 +45,7 @@ from recscale.sharding import Topology
 from recscale.sharding.step_time import predict_step
 from recscale.train import DLRMConfig, plan_for_run, train_dlrm
 from recscale.train.calibrate import CalibrationConfig, calibrate, dense_spec
+from recscale.train.calibration_config import batch_sizes_for
 
 ROOT = Path(__file__).resolve().parents[1]
 # across namespace hosts, 1 rank each: name: (dim, comms precision)
@@ -79,7 +80,8 @@ def make_data(root: Path, rows: int) -> dict:
     return load_manifest(out)
 
 
-def run_config(name, spec, manifest, cal_topo, args, scratch):
+def prepare_config(name, spec, manifest, cal_topo, args, scratch) -> dict:
+    """One config: its run config, its plan on the calibrated topology and the predictions."""
     ranks, dim, tier, prec = spec
     # the ssd configs: RAM for this share of the tables' bytes (weights + row-wise state)
     budget = int(args.ram_share * sum(manifest["table_sizes"]) * (dim * 4 + 4) / ranks)
@@ -97,19 +99,33 @@ def run_config(name, spec, manifest, cal_topo, args, scratch):
     preset = cfg.train.tiers.budgeted(cfg.sharding.topology_for(ranks))
     before = predict_step(plan, dense, cfg.train.pipeline, topology=preset)
     after = predict_step(plan, dense, cfg.train.pipeline)
-    steps, comps, comms = [], [], []
-    for _ in range(args.reps):
-        out = train_dlrm(manifest, cfg.model, cfg.train, plan=plan, comms=cfg.comms)
-        ex = out.result.extra
-        slow = max(range(ranks), key=lambda r: ex[f"rank{r}.step_ms"])
-        steps.append(ex[f"rank{slow}.step_ms"])
-        comps.append(ex[f"rank{slow}.compute_ms"])
-        comms.append(ex[f"rank{slow}.comm_ms"])
-    slow_pred = max(range(ranks), key=lambda r: after.compute[r])
     tiers = sorted({s.tier for t in plan.tables for s in t.shards})
-    return {"name": name, "tiers": "+".join(tiers), "measured": statistics.median(steps),
-            "measured_compute": statistics.median(comps), "measured_comm": statistics.median(comms),
-            "before": before.step * 1e3, "after": after.step * 1e3,
+    return {"name": name, "cfg": cfg, "plan": plan, "ranks": ranks, "before": before,
+            "after": after, "tiers": "+".join(tiers), "steps": [], "comps": [], "comms": []}
+
+
+def train_once(prep: dict, manifest) -> None:
+    """One training run of a prepared config; its slowest rank's step, compute and comm."""
+    cfg = prep["cfg"]
+    out = train_dlrm(manifest, cfg.model, cfg.train, plan=prep["plan"], comms=cfg.comms)
+    record(prep, out.result.extra)
+
+
+def record(prep: dict, ex: dict) -> None:
+    slow = max(range(prep["ranks"]), key=lambda r: ex[f"rank{r}.step_ms"])
+    prep["steps"].append(ex[f"rank{slow}.step_ms"])
+    prep["comps"].append(ex[f"rank{slow}.compute_ms"])
+    prep["comms"].append(ex[f"rank{slow}.comm_ms"])
+
+
+def result_row(prep: dict, name: str | None = None) -> dict:
+    after, steps = prep["after"], prep["steps"]
+    slow_pred = max(range(prep["ranks"]), key=lambda r: after.compute[r])
+    return {"name": name or prep["name"], "tiers": prep["tiers"],
+            "measured": statistics.median(steps),
+            "measured_compute": statistics.median(prep["comps"]),
+            "measured_comm": statistics.median(prep["comms"]),
+            "before": prep["before"].step * 1e3, "after": after.step * 1e3,
             "after_compute": after.compute[slow_pred] * 1e3,
             "after_comm": after.comm[slow_pred] * 1e3, "spread": (min(steps), max(steps))}
 
@@ -143,46 +159,44 @@ def run_hosts(args, root: Path, manifest, cal2) -> list[dict]:
         outs = [finish(p, f"link calibration on host {i}", 120) for i, p in enumerate(procs)]
         print("  " + outs[0].strip().splitlines()[-2], flush=True)
         cal_topo = Topology.load(topo_file)
+        preps = {}
         for n, (name, (dim, prec)) in enumerate(HOST_CONFIGS.items()):
             if args.only and not any(o in name for o in args.only.split(",")):
                 continue
-            steps, comps, comms = [], [], []
-            for rep in range(args.reps):
-                port = HOST_PORT + 1 + n * args.reps + rep
-                cfg = config(f"{hosts[0].addr}:{port}", args.hosts, args.hosts,
-                             root / f"ck-{name}-{rep}", max_steps=args.steps,
-                             batch_size_per_rank=args.batch, num_threads=args.threads,
-                             log_every=1000, checkpoint={"every_steps": 0})
-                cfg["model"] = {"embedding_dim": dim, "bottom_mlp": [128, 64, dim],
-                                "top_mlp": [128, 64, 1]}
-                cfg["sharding"] = {"local_world_size": 1, "topology": str(topo_file)}
-                cfg["comms"] = {"forward": prec, "backward": prec}
-                cfg["train"]["embedding_optimizer"] = {"name": "exact_rowwise_adagrad"}
+            cfg = config(f"{hosts[0].addr}:{HOST_PORT}", args.hosts, args.hosts,
+                         root / f"ck-{name}", max_steps=args.steps,
+                         batch_size_per_rank=args.batch, num_threads=args.threads,
+                         log_every=1000, checkpoint={"every_steps": 0})
+            cfg["model"] = {"embedding_dim": dim, "bottom_mlp": [128, 64, dim],
+                            "top_mlp": [128, 64, 1]}
+            cfg["sharding"] = {"local_world_size": 1, "topology": str(topo_file)}
+            cfg["comms"] = {"forward": prec, "backward": prec}
+            cfg["train"]["embedding_optimizer"] = {"name": "exact_rowwise_adagrad"}
+            dcfg = parse(DLRMConfig, cfg, "")
+            plan = plan_for_run(manifest, dcfg)  # what the driver plans (deterministic)
+            dense = dense_spec(dcfg.model, len(manifest["table_sizes"]))
+            preset = Topology.preset("cpu-local", world_size=args.hosts, local_world_size=1)
+            preps[name] = {
+                "n": n, "cfg": cfg, "ranks": args.hosts, "tiers": "ddr",
+                "before": predict_step(plan, dense, dcfg.train.pipeline, topology=preset),
+                "after": predict_step(plan, dense, dcfg.train.pipeline,
+                                      topology=cal_topo.for_world(args.hosts, 1)),
+                "steps": [], "comps": [], "comms": []}
+        # the repetitions in rounds over the configs: a slow spell of the machine hits them alike
+        for rep in range(args.reps):
+            for name, prep in preps.items():
+                cfg = prep["cfg"]
+                port = HOST_PORT + 1 + prep["n"] * args.reps + rep
+                cfg["train"]["launch"]["rdzv_endpoint"] = f"{hosts[0].addr}:{port}"
+                cfg["train"]["checkpoint"]["dir"] = str(root / f"ck-{name}-{rep}")
                 out = root / f"job-{name}-{rep}"
                 driver, joiners = start_job(hosts, root, out.name, root / "parquet", cfg)
                 finish(driver, f"{name}: the driver", 300)
                 for i, j in enumerate(joiners, 1):
                     finish(j, f"{name}: host {i}", 60)
-                ex = json.loads((out / "result.json").read_text())["extra"]
-                slow = max(range(args.hosts), key=lambda r: ex[f"rank{r}.step_ms"])
-                steps.append(ex[f"rank{slow}.step_ms"])
-                comps.append(ex[f"rank{slow}.compute_ms"])
-                comms.append(ex[f"rank{slow}.comm_ms"])
-            dcfg = parse(DLRMConfig, cfg, "")
-            plan = plan_for_run(manifest, dcfg)  # what the driver planned (deterministic)
-            dense = dense_spec(dcfg.model, len(manifest["table_sizes"]))
-            preset = Topology.preset("cpu-local", world_size=args.hosts, local_world_size=1)
-            before = predict_step(plan, dense, dcfg.train.pipeline, topology=preset)
-            after = predict_step(plan, dense, dcfg.train.pipeline, topology=cal_topo.for_world(
-                args.hosts, 1))
-            slow_pred = max(range(args.hosts), key=lambda r: after.compute[r])
-            rows.append({"name": f"{name}-{args.rate}", "tiers": "ddr", "measured": statistics.median(steps),
-                         "measured_compute": statistics.median(comps),
-                         "measured_comm": statistics.median(comms),
-                         "before": before.step * 1e3, "after": after.step * 1e3,
-                         "after_compute": after.compute[slow_pred] * 1e3,
-                         "after_comm": after.comm[slow_pred] * 1e3,
-                         "spread": (min(steps), max(steps))})
+                record(prep, json.loads((out / "result.json").read_text())["extra"])
+        for name, prep in preps.items():
+            rows.append(result_row(prep, f"{name}-{args.rate}"))
             r = rows[-1]
             print(f"  {name}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
                   f"{r['after']:.2f}", flush=True)
@@ -239,7 +253,8 @@ def _run(args, root: Path) -> int:
     # the sharding pipeline's calibrate node passes the run's model
     model = ModelConfig(embedding_dim=16, bottom_mlp=(128, 64, 16), top_mlp=(128, 64, 1))
     cals = {ws: calibrate(Topology.preset("cpu-local", world_size=ws),
-                          CalibrationConfig(scratch_dir=scratch, num_threads=args.threads),
+                          CalibrationConfig(scratch_dir=scratch, num_threads=args.threads,
+                                            batch_sizes=batch_sizes_for(args.batch)),
                           model, len(manifest["table_sizes"]), progress_mode="off")
             for ws in sorted({spec[0] for spec in CONFIGS.values()})}
     from recscale.calibrate import format_calibration
@@ -247,13 +262,16 @@ def _run(args, root: Path) -> int:
     for ws, c in cals.items():
         print(f"calibration, {ws} rank(s) per host, {c.seconds:.1f} s:\n{format_calibration(c)}",
               flush=True)
-    rows = []
-    for name, spec in CONFIGS.items():
-        if args.only and not any(o in name for o in args.only.split(",")):
-            continue
-        rows.append(run_config(name, spec, manifest, cals[spec[0]].topology, args, scratch))
-        r = rows[-1]
-        print(f"  {name}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
+    preps = [prepare_config(name, spec, manifest, cals[spec[0]].topology, args, scratch)
+             for name, spec in CONFIGS.items()
+             if not args.only or any(o in name for o in args.only.split(","))]
+    # the repetitions in rounds over the configs: a slow spell of the machine hits them alike
+    for _ in range(args.reps):
+        for prep in preps:
+            train_once(prep, manifest)
+    rows = [result_row(p) for p in preps]
+    for r in rows:
+        print(f"  {r['name']}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
               f"{r['after']:.2f}", flush=True)
     if args.hosts:
         rows += run_hosts(args, root, manifest, cals[2])

@@ -43,7 +43,15 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiers", default="memory,ddr,ssd", help="tiers to measure: memory and any "
                    "of ddr, ssd (default %(default)s)")
     p.add_argument("--dims", type=_ints, default=(16, 128), help="embedding dims (default 16,128)")
+    p.add_argument("--batch", type=int, default=1024, help="the run's batch per rank: measured "
+                   "at it and a quarter of it (a step is not linear in the batch far from it; "
+                   "default %(default)s)")
+    p.add_argument("--tables", type=int, default=26, help="the run's tables: the exchange is "
+                   "measured with as many, so its messages are the size a step sends "
+                   "(default %(default)s)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per point (default 3)")
+    p.add_argument("--rounds", type=int, default=3, help="sweeps over all points, each point's "
+                   "median over them (a shared machine's speed drifts; default 3)")
     p.add_argument("--ranks-per-host", type=int, default=None, help="ranks that train on this "
                    "machine (default: the base's); they measure at the same time, as they train")
     p.add_argument("--no-comms", action="store_true", help="keep the base's link figures")
@@ -62,16 +70,20 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     from recscale.config import ConfigError
     from recscale.sharding import Topology
     from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
+    from recscale.train.calibration_config import batch_sizes_for
 
     try:
-        cfg = CalibrationConfig(dims=args.dims, reps=args.reps, scratch_dir=args.scratch_dir,
+        cfg = CalibrationConfig(dims=args.dims, reps=args.reps, rounds=args.rounds,
+                                scratch_dir=args.scratch_dir,
+                                batch_sizes=batch_sizes_for(args.batch),
+                                exchange_tables=args.tables,
                                 tiers=tuple(t for t in args.tiers.split(",") if t),
                                 comms=not args.no_comms)
         base = (Topology.load(args.base) if args.base.endswith((".yml", ".yaml", ".json"))
                 else Topology.preset(args.base, local_world_size=args.ranks_per_host))
         if args.link_endpoint:
             return _link(args, cfg, base)
-        cal = calibrate(base, cfg, progress_mode=args.progress)
+        cal = calibrate(base, cfg, num_tables=args.tables, progress_mode=args.progress)
     except (CalibrationError, ConfigError) as e:
         print(f"recscale calibrate: {e}", file=sys.stderr)
         return 2

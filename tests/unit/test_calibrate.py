@@ -15,7 +15,7 @@ from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibr
 # one rank per host (measured in this process), one dim, one pooling, memory + SSD-backed cache:
 # about a second
 TINY = CalibrationConfig(dims=(16,), poolings=(2,), batch_sizes=(64, 256), tables=2, rows=2000,
-                         cache_rows=5000, tiers=("memory", "ssd"), reps=1)
+                         cache_rows=5000, tiers=("memory", "ssd"), reps=1, rounds=2)
 ONE = Topology.preset("cpu-local", world_size=1)
 
 
@@ -196,3 +196,61 @@ def test_the_links_cpu_cost_is_what_the_exchange_across_hosts_spends_beyond_one_
     on = predict_step(plan, None, topology=dataclasses.replace(host, inter_node_cpu_bw=3e8))
     assert all(b > a for a, b in zip(off.compute, on.compute))
 
+
+
+def test_calibration_measures_at_the_runs_batch(monkeypatch):
+    """A step is not linear in the batch far from it, so the sharding pipeline's calibrate node
+    and ``recscale calibrate --batch`` measure at the run's batch per rank (and a quarter of it),
+    not at fixed sizes."""
+    import recscale.train.calibrate as cal_mod
+    from recscale.calibrate import calibrate_main
+    from recscale.pipelines.sharding.nodes import calibrate_topology
+    from recscale.train.calibration_config import batch_sizes_for
+
+    seen = []
+
+    def fake(base, cfg, *args, **kwargs):
+        seen.append(cfg.batch_sizes)
+        raise CalibrationError("stop here")
+
+    monkeypatch.setattr(cal_mod, "calibrate", fake)
+    cfg = parse(DLRMConfig, {"sharding": {"calibrate": True},
+                             "train": {"batch_size_per_rank": 512, "progress": "off"}}, "")
+    with pytest.raises(CalibrationError, match="stop here"):
+        calibrate_topology({"table_sizes": [100] * 26}, cfg)
+    assert calibrate_main(["--batch", "2000", "--progress", "off", "--out", "/nonexistent/t.yml"]) == 2
+    assert seen == [(128, 512), (500, 2000)]
+    with pytest.raises(ConfigError, match=r"train\.batch_size_per_rank=4 .* at least 8"):
+        batch_sizes_for(4)
+
+
+def test_each_point_is_the_median_of_its_sweeps():
+    """``rounds`` sweeps over every point, each point's measured numbers the median over them
+    (one slow spell of a shared machine does not move a fit); what names a point is kept."""
+    from recscale.train.calibration_config import median_of_rounds
+
+    def sweep(s, h):
+        return {"memory": [{"dim": 16, "batch": 256, "seconds": s, "hit_rate": h},
+                           {"dim": 128, "batch": 256, "seconds": 2 * s, "hit_rate": 1.0}]}
+
+    got = median_of_rounds([sweep(1.0, 0.5), sweep(9.0, 0.25), sweep(2.0, 0.75)])
+    assert got == {"memory": [{"dim": 16, "batch": 256, "seconds": 2.0, "hit_rate": 0.5},
+                              {"dim": 128, "batch": 256, "seconds": 4.0, "hit_rate": 1.0}]}
+    with pytest.raises(ConfigError, match=r"calibration\.rounds=0 .* a positive integer"):
+        CalibrationConfig(rounds=0)
+
+
+def test_two_ranks_measure_the_runs_exchange_at_the_runs_sizes(tmp_path):
+    """A host's 2 ranks calibrate at the same time; the runtime's exchange is measured with the
+    run's tables at the run's batch (a collective's rate changes with the message size), and its
+    fitted constants are written into the topology."""
+    cfg = dataclasses.replace(TINY, scratch_dir=str(tmp_path), tiers=("memory",), rounds=1,
+                              comm_sizes=(1 << 12, 1 << 16))
+    cal = calibrate(Topology.preset("cpu-local", world_size=2), cfg, num_tables=6,
+                    progress_mode="off")
+    pts = cal.points["exchange"]
+    assert {(p["tables"], p["batch"]) for p in pts} == {(6, 256)}
+    assert {p["precision"] for p in pts} == {"fp32", "fp16"}
+    assert all(p["bytes"] > 0 and p["calls"] >= 4 for p in pts)
+    topo = cal.topology
+    assert topo.intra_node_bw > 0 and topo.exchange_bw > 0 and topo.local_world_size == 2

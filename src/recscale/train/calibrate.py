@@ -66,6 +66,7 @@ from recscale.train.calibration_config import (  # noqa: F401  (re-exported: the
     CalibrationConfig,
     CalibrationError,
     check_writable,
+    median_of_rounds,
 )
 from recscale.train.calibration_config import median_time as _median_time
 
@@ -240,9 +241,10 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
 
 # --- one rank's measurements -------------------------------------------------------------------------
 def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int, store: str,
-                 progress=None, sync=None, world: int = 1) -> dict[str, list[dict]]:
+                 progress=None, sync=None, world: int = 1, sweep: int = 0) -> dict[str, list[dict]]:
     """Every point of the calibration, in this process (one rank of the layout); ``sync``
-    before each point keeps the ranks of a host measuring at the same time."""
+    before each point keeps the ranks of a host measuring at the same time; ``sweep``: which of
+    ``cfg.rounds`` sweeps this is (for the progress bar)."""
     from recscale.embedding.cache import TieredEmbeddingBags
     from recscale.embedding.tbe import FusedEmbeddingBags
     from recscale.embedding.tier_config import TierConfig
@@ -251,12 +253,12 @@ def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int
     total = (per_module * len(cfg.tiers) + len(cfg.dims)
              * len({*cfg.batch_sizes, (min(cfg.batch_sizes) + max(cfg.batch_sizes)) // 2})
              + len(cfg.dims) * len(cfg.batch_sizes))
-    done = [0]
+    done = [sweep * total]
 
     def tick():
         done[0] += 1
         if progress is not None:
-            progress.update(done[0], total)
+            progress.update(done[0], total * cfg.rounds)
         if sync is not None:
             sync()
 
@@ -294,14 +296,17 @@ def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
             logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
         logging.getLogger("recscale.progress").setLevel(logging.INFO)
     set_threads(cfg.num_threads, ctx.local_world_size)
+    sweeps = []
     with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off",
                   log_every_s=3.0) as bar:
-        pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
-                           bar, sync=dist.barrier, world=ctx.world_size)
-        if cfg.comms:
-            pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
-            pts["exchange"] = _measure_exchange(ctx, cfg)
-    return pts
+        for k in range(cfg.rounds):
+            pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
+                               bar, sync=dist.barrier, world=ctx.world_size, sweep=k)
+            if cfg.comms:
+                pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
+                pts["exchange"] = _measure_exchange(ctx, cfg)
+            sweeps.append(pts)
+    return median_of_rounds(sweeps)
 
 
 @worker_entry
@@ -334,7 +339,7 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     from recscale.progress import Progress
     from recscale.sharding.types import PRECISION_BYTES
 
-    cfg = cfg or CalibrationConfig()
+    cfg = replace(cfg or CalibrationConfig(), exchange_tables=max(num_tables, 2))
     model_cfg = model_cfg or ModelConfig()
     if base.device != "cpu":
         raise CalibrationError(f"calibration measures CPU ranks here; topology {base.name!r} is "
@@ -354,7 +359,9 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
             set_threads(cfg.num_threads, 1)
             with Progress(None, "calibrate", unit="point", mode=progress_mode,
                           log_every_s=3.0) as bar:
-                pts = _measure_all(replace(cfg, comms=False), model_cfg, num_tables, store, bar)
+                pts = median_of_rounds([
+                    _measure_all(replace(cfg, comms=False), model_cfg, num_tables, store, bar,
+                                 sweep=k) for k in range(cfg.rounds)])
         else:
             lc = LaunchConfig(world_size=lws, collective_timeout_s=cfg.timeout_s,
                               exit_timeout_s=min(cfg.timeout_s, 60.0))
@@ -376,7 +383,7 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     if "intra_host" in pts:
         out.fits["intra_host"] = fits.fit_comms(pts["intra_host"], lws)
         out.fits["exchange"] = fits.fit_exchange(pts["exchange"], fast, wb, orow, oelem,
-                                             2 * cfg.tables, out.fits["assembly"]["s"])
+                                             cfg.exchange_tables, out.fits["assembly"]["s"])
     ct = base.compute_tier
     kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
                           f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],

@@ -87,7 +87,7 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     if base is not None and base.exchange_bw > 0:  # a calibrated host to compare with
         orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
         got["cpu_fit"] = fits.fit_link_cpu(got["exchange"], base, float(PRECISION_BYTES["fp32"]),
-                                           orow, oelem, 2 * cfg.tables)
+                                           orow, oelem, cfg.exchange_tables)
         got["inter_node_cpu_bw"] = got["cpu_fit"]["cpu_bw"]
     return got
 
@@ -139,7 +139,7 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
     from recscale.sharding import TableSpec, plan_sharding
 
     W, B = ctx.world_size, max(cfg.batch_sizes)
-    T = 2 * cfg.tables
+    T = cfg.exchange_tables
     names = tuple(f"f{i}" for i in range(T))
     out = []
     g = torch.Generator().manual_seed(ctx.rank)
@@ -178,7 +178,8 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
         # the ids this rank looks up: its T / W tables for the global batch
         # uniform ids: a table's owner sees W x B of them, distinct in expectation as below
         distinct = T / W * cfg.rows * (1.0 - (1.0 - 1.0 / cfg.rows) ** (W * B))
-        out.append({"dim": d, "precision": prec, "batch": B, "seconds": t, "distinct": distinct,
+        out.append({"dim": d, "precision": prec, "batch": B, "tables": T, "seconds": t,
+                    "distinct": distinct,
                     "comm_seconds": (stats.total_seconds - s0) / n,
                     "calls": (sum(stats.calls.values()) - c0) / n,
                     "bytes": (sum(stats.bytes_sent.values()) - b0) / n})

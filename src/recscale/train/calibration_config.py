@@ -29,12 +29,19 @@ class CalibrationConfig(Validated):
     skews: tuple[float, ...] = (0.0, 1.2)
     batch_sizes: tuple[int, ...] = (256, 2048)
     tables: int = 4  # tables per in-memory module
+    # tables of the runtime's exchange measured (calibrate() sets the run's: its messages are
+    # then the size a step sends, and a collective's rate changes with the message size)
+    exchange_tables: int = 26
     rows: int = 20000  # rows per in-memory table
     cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
     cache_fraction: float = 0.2
     tiers: tuple[str, ...] = ("memory", "ddr", "ssd")
     scratch_dir: str = ""  # SSD-backed cache files ("" = the system temp directory)
     reps: int = 3
+    # the whole sweep this many times, each point's median over them: on a shared machine the
+    # cores' speed drifts over seconds, and a point measured only once, in a slow or a fast
+    # spell, skews the fits (the sweeps interleave the points, so the spells hit them alike)
+    rounds: int = 3
     comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
     comms: bool = True  # measure the collectives between the host's ranks
     num_threads: int | None = None  # threads per rank (train.num_threads; null: the host's cores
@@ -55,6 +62,10 @@ class CalibrationConfig(Validated):
               f"{prefix}.tiers", self.tiers, "'memory' and any of 'ddr', 'ssd'")
         check(0 < self.cache_fraction < 1, f"{prefix}.cache_fraction", self.cache_fraction,
               "in (0, 1)")
+        check(isinstance(self.rounds, int) and self.rounds >= 1, f"{prefix}.rounds", self.rounds,
+              "a positive integer")
+        check(isinstance(self.exchange_tables, int) and self.exchange_tables >= 2,
+              f"{prefix}.exchange_tables", self.exchange_tables, "an integer >= 2")
         check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
               self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
         check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
@@ -66,7 +77,35 @@ class CalibrationConfig(Validated):
               f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
 
 
+def batch_sizes_for(batch_size_per_rank: int) -> tuple[int, int]:
+    """The batch sizes to calibrate a run of ``batch_size_per_rank`` at: that batch and a quarter
+    of it. A step's time is not linear in the batch far from it (the activations leave the
+    caches: on one machine the dense arch at dim 128 took 36 ms at 1,024 samples and 98 at 2,048),
+    so a fit through sizes around another batch mispredicts this one."""
+    b = int(batch_size_per_rank)
+    check(b >= 8, "train.batch_size_per_rank", b, "at least 8 to calibrate at")
+    return (max(b // 4, 2), b)
+
+
 # --- timing helpers --------------------------------------------------------------------------------
+def median_of_rounds(rounds: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
+    """The same points measured in several sweeps: each point with the median over the sweeps of
+    every measured number (seconds, communication seconds, hit rate, ...); what names the point
+    (dim, batch, ...) is the same in every sweep."""
+    out = {}
+    for part, pts in rounds[0].items():
+        merged = []
+        for i, p in enumerate(pts):
+            q = dict(p)
+            for k, v in p.items():
+                vals = [r[part][i][k] for r in rounds]
+                if isinstance(v, float) and any(x != v for x in vals):
+                    q[k] = statistics.median(vals)
+            merged.append(q)
+        out[part] = merged
+    return out
+
+
 def median_time(fn: Callable[[int], Any], reps: int) -> float:
     fn(-1)  # warm-up
     ts = []

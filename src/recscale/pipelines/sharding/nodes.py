@@ -21,10 +21,12 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     if not cfg.sharding.calibrate:
         return {"calibrated": False, "planned_on": cfg.sharding.topology}, {}
     from recscale.train.calibrate import CalibrationConfig, calibrate
+    from recscale.train.calibration_config import batch_sizes_for
 
     sh, train = cfg.sharding, cfg.train
     base = sh.topology_for(train.world_size)
     ccfg = CalibrationConfig(dims=tuple(sorted({16, cfg.model.embedding_dim})),
+                             batch_sizes=batch_sizes_for(train.batch_size_per_rank),
                              scratch_dir=train.tiers.scratch_dir,
                              optimizer=train.embedding_optimizer.name,
                              num_threads=train.num_threads,
