@@ -76,7 +76,6 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         cfg = CalibrationConfig(dims=args.dims, reps=args.reps, rounds=args.rounds,
                                 scratch_dir=args.scratch_dir,
                                 batch_sizes=batch_sizes_for(args.batch),
-                                exchange_tables=args.tables,
                                 tiers=tuple(t for t in args.tiers.split(",") if t),
                                 comms=not args.no_comms)
         base = (Topology.load(args.base) if args.base.endswith((".yml", ".yaml", ".json"))
@@ -100,7 +99,7 @@ def _link(args, cfg, base) -> int:
     from recscale.train.calibrate import measure_link
 
     got = measure_link(args.link_rank, args.link_hosts, args.link_endpoint, cfg, args.timeout,
-                       base=base)
+                       base=base, tables=args.tables)
     cpu = got["inter_node_cpu_bw"]
     print(f"link across {args.link_hosts} hosts: latency {got['inter_node_lat_s'] * 1e6:.0f} us "
           f"per call, {got['inter_node_bw'] / 1e6:.1f} MB/s per rank "

@@ -201,7 +201,6 @@ def test_the_links_cpu_cost_is_what_the_exchange_across_hosts_spends_beyond_one_
     assert all(b > a for a, b in zip(off.compute, on.compute))
 
 
-
 def test_calibration_measures_at_the_runs_batch(monkeypatch):
     """A step is not linear in the batch far from it, so the sharding pipeline's calibrate node
     and ``recscale calibrate --batch`` measure at the run's batch per rank (and a quarter of it),

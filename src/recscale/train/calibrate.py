@@ -304,7 +304,7 @@ def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
                                bar, sync=dist.barrier, world=ctx.world_size, sweep=k)
             if cfg.comms:
                 pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
-                pts["exchange"] = _measure_exchange(ctx, cfg)
+                pts["exchange"] = _measure_exchange(ctx, cfg, num_tables)
             sweeps.append(pts)
     return median_of_rounds(sweeps)
 
@@ -339,7 +339,7 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     from recscale.progress import Progress
     from recscale.sharding.types import PRECISION_BYTES
 
-    cfg = replace(cfg or CalibrationConfig(), exchange_tables=max(num_tables, 2))
+    cfg = cfg or CalibrationConfig()
     model_cfg = model_cfg or ModelConfig()
     if base.device != "cpu":
         raise CalibrationError(f"calibration measures CPU ranks here; topology {base.name!r} is "
@@ -383,7 +383,7 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     if "intra_host" in pts:
         out.fits["intra_host"] = fits.fit_comms(pts["intra_host"], lws)
         out.fits["exchange"] = fits.fit_exchange(pts["exchange"], fast, wb, orow, oelem,
-                                             cfg.exchange_tables, out.fits["assembly"]["s"])
+                                             max(num_tables, 2), out.fits["assembly"]["s"])
     ct = base.compute_tier
     kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
                           f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],

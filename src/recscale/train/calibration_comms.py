@@ -44,7 +44,8 @@ def _measure_comms(sizes, reps, collectives=("all_to_all", "all_reduce")) -> lis
 
 
 def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
-                 timeout_s: float = 60.0, base: Topology | None = None) -> dict[str, Any]:
+                 timeout_s: float = 60.0, base: Topology | None = None,
+                 tables: int = 26) -> dict[str, Any]:
     """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
@@ -78,7 +79,7 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
     threads = torch.get_num_threads()
     try:
-        got = _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s)
+        got = _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s, tables)
     finally:
         if set_env:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
@@ -87,12 +88,13 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     if base is not None and base.exchange_bw > 0:  # a calibrated host to compare with
         orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
         got["cpu_fit"] = fits.fit_link_cpu(got["exchange"], base, float(PRECISION_BYTES["fp32"]),
-                                           orow, oelem, cfg.exchange_tables)
+                                           orow, oelem, tables)
         got["inter_node_cpu_bw"] = got["cpu_fit"]["cpu_bw"]
     return got
 
 
-def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s) -> dict[str, Any]:
+def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s,
+          tables) -> dict[str, Any]:
     import torch.distributed as dist
 
     try:
@@ -115,7 +117,7 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s) -> di
 
         ctx = SimpleNamespace(rank=rank, world_size=world_size,
                               sparse_group=dist.new_group(backend="gloo", timeout=timeout))
-        xpts = _measure_exchange(ctx, cfg)
+        xpts = _measure_exchange(ctx, cfg, tables)
     finally:
         dist.destroy_process_group()
     fit = fits.fit_comms(pts, world_size)
@@ -128,7 +130,7 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s) -> di
             "collectives": fit, "points": pts, "exchange": xpts}
 
 
-def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
+def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int) -> list[dict]:
     """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
     forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
     (what a training run reports as communication), calls and bytes sent."""
@@ -139,7 +141,7 @@ def _measure_exchange(ctx, cfg: CalibrationConfig) -> list[dict]:
     from recscale.sharding import TableSpec, plan_sharding
 
     W, B = ctx.world_size, max(cfg.batch_sizes)
-    T = cfg.exchange_tables
+    T = max(tables, 2)  # the run's tables: its messages are the size a step sends
     names = tuple(f"f{i}" for i in range(T))
     out = []
     g = torch.Generator().manual_seed(ctx.rank)

@@ -29,9 +29,6 @@ class CalibrationConfig(Validated):
     skews: tuple[float, ...] = (0.0, 1.2)
     batch_sizes: tuple[int, ...] = (256, 2048)
     tables: int = 4  # tables per in-memory module
-    # tables of the runtime's exchange measured (calibrate() sets the run's: its messages are
-    # then the size a step sends, and a collective's rate changes with the message size)
-    exchange_tables: int = 26
     rows: int = 20000  # rows per in-memory table
     cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
     cache_fraction: float = 0.2
@@ -64,8 +61,6 @@ class CalibrationConfig(Validated):
               "in (0, 1)")
         check(isinstance(self.rounds, int) and self.rounds >= 1, f"{prefix}.rounds", self.rounds,
               "a positive integer")
-        check(isinstance(self.exchange_tables, int) and self.exchange_tables >= 2,
-              f"{prefix}.exchange_tables", self.exchange_tables, "an integer >= 2")
         check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
               self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
         check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
@@ -98,9 +93,8 @@ def median_of_rounds(rounds: list[dict[str, list[dict]]]) -> dict[str, list[dict
         for i, p in enumerate(pts):
             q = dict(p)
             for k, v in p.items():
-                vals = [r[part][i][k] for r in rounds]
-                if isinstance(v, float) and any(x != v for x in vals):
-                    q[k] = statistics.median(vals)
+                if isinstance(v, float):
+                    q[k] = statistics.median(r[part][i][k] for r in rounds)
             merged.append(q)
         out[part] = merged
     return out
