@@ -177,7 +177,10 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
         local = serve_and_launch(job_worker, spec, lambda r: len(r[min(r)]["ranks"]))
         transitions = read_events(out_dir)
     else:
-        scratch = out_dir is None  # ours to remove: rank 0's model state is read back below
+        # ours to remove: rank 0's model state is read back below. Not under torchrun, where
+        # every rank reads rank 0's directory and rank 0 could remove it first (a race seen in
+        # CI); that directory is left behind there until a barrier guards the removal
+        scratch = out_dir is None and not in_torchrun()
         out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")
         try:
             local = launch(sharded_train_worker,
