@@ -1,5 +1,6 @@
 """The training entry point under torchrun (2 processes on gloo): both ranks exit 0 and both
-return the same trained model, every train row trained once."""
+return the same trained model, every train row trained once, and no rank's scratch directory
+(rank 0's holds the model every rank reads back) is left behind."""
 
 import json
 import os
@@ -32,7 +33,9 @@ def test_both_torchrun_ranks_run_the_training_node_and_exit_zero(parquet_dataset
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(entry), str(files["manifest"]), str(files["plan"]), str(files["params"]),
            str(tmp_path / "rank{rank}.json")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]),
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, TMPDIR=str(scratch), PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]),
                                                         os.environ.get("PYTHONPATH", "")]))
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
@@ -41,3 +44,4 @@ def test_both_torchrun_ranks_run_the_training_node_and_exit_zero(parquet_dataset
     assert got[0]["samples"] == got[1]["samples"] == rows
     assert got[0]["checksum"] == got[1]["checksum"]
     assert got[0]["history_points"] >= 1
+    assert sorted(p.name for p in scratch.glob("recscale-train-*")) == []

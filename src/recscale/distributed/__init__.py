@@ -19,6 +19,7 @@ from recscale.distributed.worker import (
     resolve_device,
     run_in_group,
     set_threads,
+    torchrun_ranks_done,
     worker_entry,
 )
 
@@ -36,5 +37,6 @@ __all__ = [
     "root_cause",
     "run_in_group",
     "set_threads",
+    "torchrun_ranks_done",
     "worker_entry",
 ]

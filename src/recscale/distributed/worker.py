@@ -54,6 +54,34 @@ def in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def torchrun_ranks_done(key: str, timeout_s: float) -> bool:
+    """Under torchrun, after the group is gone: this rank reports ``key`` done on torchrun's
+    store (the agent's, at MASTER_ADDR:MASTER_PORT); rank 0 then waits, at most ``timeout_s``,
+    until every rank has. True on rank 0 once all have (what rank 0 shares may be released),
+    and on the other ranks once reported. False, with a warning naming how many ranks did not
+    report, when the store is not the agent's (it went with the group) or the deadline passed."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        log.warning("torchrun's agent store is not shared with workers: cannot tell when every "
+                    "rank is done with %s", key)
+        return False
+    import time
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    done = store.add(f"recscale/done/{key}", 1)
+    if rank != 0:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while done < world:
+        if time.monotonic() > deadline:
+            log.warning("%d of %d ranks did not report %s done within %g s", world - done,
+                        world, key, timeout_s)
+            return False
+        time.sleep(0.05)
+        done = store.add(f"recscale/done/{key}", 0)
+    return True
+
+
 def set_threads(num_threads: int | None, local_world_size: int = 1) -> int:
     """Intra-op threads of this process: ``num_threads``, or the cores shared among the
     ``local_world_size`` processes of this host. Returns the number set."""

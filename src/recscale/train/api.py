@@ -22,7 +22,13 @@ from recscale.config import ConfigError, to_dict
 from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import count_rows
 from recscale.data.stats import distinct_fractions
-from recscale.distributed import in_torchrun, launch, resolve_device, set_threads
+from recscale.distributed import (
+    in_torchrun,
+    launch,
+    resolve_device,
+    set_threads,
+    torchrun_ranks_done,
+)
 from recscale.distributed.job import make_spec, serve_and_launch
 from recscale.embedding.placement import placements_from_plan
 from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm, copy_tables
@@ -177,19 +183,26 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
         local = serve_and_launch(job_worker, spec, lambda r: len(r[min(r)]["ranks"]))
         transitions = read_events(out_dir)
     else:
-        # ours to remove: rank 0's model state is read back below. Not under torchrun, where
-        # every rank reads rank 0's directory and rank 0 could remove it first (a race seen in
-        # CI); that directory is left behind there until a barrier guards the removal
-        scratch = out_dir is None and not in_torchrun()
+        # ours to remove once rank 0's model state is read back. Under torchrun every rank
+        # reads it from rank 0's directory, so rank 0 removes it only when all ranks have (a
+        # race seen in CI); every other rank removes its own at once
+        scratch = out_dir is None
         out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")
+        keep = False
         try:
             local = launch(sharded_train_worker,
                            (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
                             plan.to_dict(), out_dir, run_id), train_cfg.launch)
-            return (_load_trained(manifest, model_cfg, train_cfg, local[min(local)], local),
-                    local[min(local)]["ranks"], transitions)
+            run = local[min(local)]
+            try:
+                model = _load_trained(manifest, model_cfg, train_cfg, run, local)
+            finally:
+                if scratch and in_torchrun():
+                    shared = os.path.dirname(run["state_path"])
+                    keep = not torchrun_ranks_done(shared, train_cfg.launch.collective_timeout_s)
+            return model, run["ranks"], transitions
         finally:
-            if scratch:
+            if scratch and not keep:
                 shutil.rmtree(out_dir, ignore_errors=True)
     run = local[min(local)]  # every rank returns the whole run
     return _load_trained(manifest, model_cfg, train_cfg, run, local), run["ranks"], transitions
