@@ -10,7 +10,12 @@ from recscale.config import ConfigError, parse
 from recscale.sharding import ShardingConfig, TableSpec, Topology, plan_sharding
 from recscale.sharding.topology import CALIBRATED
 from recscale.train import DLRMConfig
-from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
+from recscale.train.calibrate import (
+    CalibrationConfig,
+    CalibrationError,
+    calibrate,
+    fit_calibration,
+)
 
 # one rank per host (measured in this process), one dim, one pooling, memory + SSD-backed cache:
 # about a second
@@ -163,11 +168,44 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
     # measured (a latency per call may fit to 0 where the bytes explain the time)
     assert got.inter_node_lat_s >= 0 and got.inter_node_bw > 0
     assert got.inter_node_bw != base.inter_node_bw
-    assert dataclasses.replace(got, inter_node_lat_s=0.0, inter_node_bw=base.inter_node_bw) == base
+    assert dataclasses.replace(got, inter_node_lat_s=0.0, inter_node_bw=base.inter_node_bw,
+                               inter_node_burst_bytes=0.0) == base
     with pytest.raises(CalibrationError, match=rf"2 hosts did not all reach {ep}"):
         from recscale.train.calibrate import measure_link
 
         measure_link(0, 2, ep, TINY, timeout_s=2)
+
+
+def test_the_link_fit_finds_a_rate_limiters_burst_and_none_where_there_is_none():
+    """Exchange points whose calls were timed through a token bucket (latency + the bytes
+    beyond the burst at the rate): the fit recovers the three; the same link without a bucket
+    fits a burst of 0, also when its times are as noisy as this machine's (+-15%)."""
+    import random
+
+    from recscale.train.calibration_fits import fit_link
+
+    rng = random.Random(7)
+    lat, rate, burst = 2e-4, 1.2e8, 600e3
+
+    def points(b, noise=0.02):
+        pts = []
+        for dim in (16, 48, 72, 128):
+            out = 13 * 1024 * dim * 4 * rng.uniform(0.9, 1.1)  # pooled vectors per call
+            by_call = {"ids": [1, 110e3], "lengths": [1, 55e3], "output": [1, out],
+                       "output_grad": [1, out]}
+            t = sum(c * (lat + max(n - b, 0.0) / rate) for c, n in by_call.values())
+            pts.append({"calls": 4.0, "bytes": sum(c * n for c, n in by_call.values()),
+                        "by_call": by_call,
+                        "comm_seconds": t * rng.uniform(1 - noise, 1 + noise)})
+        return pts
+
+    got = fit_link(points(burst))
+    assert got["burst_bytes"] == pytest.approx(burst, rel=0.25)
+    assert got["bw"] == pytest.approx(rate, rel=0.1) and got["fit_rel_err"] < 0.05
+    flat = fit_link(points(0.0))
+    assert flat["burst_bytes"] == 0.0 and flat["bw"] == pytest.approx(rate, rel=0.1)
+    assert flat["lat_s"] == pytest.approx(lat, rel=0.5)
+    assert all(fit_link(points(0.0, noise=0.15))["burst_bytes"] == 0.0 for _ in range(50))
 
 
 def test_the_links_cpu_cost_is_what_the_exchange_across_hosts_spends_beyond_one_hosts():
@@ -241,6 +279,29 @@ def test_each_point_is_the_median_of_its_sweeps():
                               {"dim": 128, "batch": 256, "seconds": 4.0, "hit_rate": 1.0}]}
     with pytest.raises(ConfigError, match=r"calibration\.rounds=0 .* a positive integer"):
         CalibrationConfig(rounds=0)
+
+
+def test_calibrations_taken_apart_merge_into_one_topology(calibrated):
+    """A calibration's topology is its points' fit (``fit_calibration``), so calibrations taken
+    at different times merge: the median of their points, refitted."""
+    from recscale.train.calibration_config import median_of_rounds
+
+    refit = fit_calibration(ONE, calibrated.points, TINY, 26)
+    assert refit.fits == calibrated.fits
+    # the same, but for the SSD tier's free space, read when fitting (other tests write files)
+    assert refit.topology.ssd_bytes > 0
+    assert dataclasses.replace(refit.topology, ssd_bytes=calibrated.topology.ssd_bytes) == \
+        calibrated.topology
+    slow = {part: [{k: 2 * v if k == "seconds" else v for k, v in p.items()} for p in pts]
+            for part, pts in calibrated.points.items()}
+    merged = fit_calibration(ONE, median_of_rounds([calibrated.points, slow, slow]), TINY, 26)
+    # every time doubled (the median of one sweep and two slow ones): twice the seconds per
+    # item (the tiny calibration's rates may fit at their caps: only the seconds are compared)
+    per_item = [k for k in CALIBRATED if k.endswith("_s") and getattr(calibrated.topology, k)]
+    assert per_item
+    for k in per_item:
+        assert getattr(merged.topology, k) == pytest.approx(2 * getattr(calibrated.topology, k),
+                                                            rel=1e-3), k
 
 
 def test_two_ranks_measure_the_runs_exchange_at_the_runs_sizes(tmp_path):

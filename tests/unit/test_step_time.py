@@ -175,3 +175,31 @@ def test_the_interaction_is_costed_per_element_where_calibrated():
     cal = dataclasses.replace(topo, interaction_s=1e-8)
     assert dot.seconds(100, cal, 1e9) == pytest.approx(
         3 * 100 * mlp / 1e9 + 100 * f * f * 8 * 1e-8)
+
+
+def test_a_links_burst_takes_each_phases_first_bytes_across_hosts_off_its_time():
+    """Two hosts x 1 rank on a slow link: a burst larger than every phase's bytes leaves only
+    the collectives' latency; a smaller one takes exactly its own seconds off each phase that
+    sends more than it (input, output, its gradient, DDP's all-reduce)."""
+    topo = dataclasses.replace(Topology.preset("cpu-local", world_size=2, local_world_size=1),
+                               inter_node_bw=1e8, inter_node_lat_s=1e-4)
+    plan = plan_sharding(_tables(dim=32), topo, 512)
+    base = predict_step(plan, DENSE, pipelined=False)
+    phases = ("input", "output", "output_grad")
+    assert all(min(base.parts[k]) > 0 for k in phases)
+    huge = dataclasses.replace(topo, inter_node_burst_bytes=1e12)
+    free = predict_step(plan, DENSE, pipelined=False, topology=huge)
+    for k in phases:
+        assert free.parts[k] == pytest.approx((0.0, 0.0), abs=1e-12)
+    burst = 1e4  # 0.1 ms at the link's rate, below every phase's bytes here
+    some = predict_step(plan, DENSE, pipelined=False,
+                        topology=dataclasses.replace(topo, inter_node_burst_bytes=burst))
+    for k in phases:
+        for a, b in zip(base.parts[k], some.parts[k]):
+            assert a - b == pytest.approx(burst / 1e8, rel=1e-9)
+    for a, b in zip(base.parts["dense"], some.parts["dense"]):
+        assert a - b == pytest.approx(burst / 1e8, rel=1e-9)
+    # one host: no link, nothing changes
+    one = plan_sharding(_tables(dim=32), Topology.preset("cpu-local"), 512)
+    assert predict_step(one, DENSE, topology=dataclasses.replace(
+        one.topology, inter_node_burst_bytes=1e12)) == predict_step(one, DENSE)

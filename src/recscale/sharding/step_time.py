@@ -17,7 +17,9 @@ The exchange also works on the rank's own cores (bucketing ids, packing, codecs,
 rows; on a CPU gloo's copies too): ``Topology.exchange_op_s`` + bytes sent / ``exchange_bw``
 count as compute, overlapped or not, and so does a reduced-precision codec's work
 (``Topology.codec_s`` per element encoded or decoded), and across hosts the network stack's
-(``Topology.inter_node_cpu_bw``).
+(``Topology.inter_node_cpu_bw``). A link with a rate limiter's burst
+(``Topology.inter_node_burst_bytes``) sends each collective's first bytes across hosts without
+waiting for its rate.
 
 Where the runtime differs from what the planner balances, the prediction follows the runtime: a
 data-parallel replica looks up the global batch (ids gathered from every rank, output gradients
@@ -222,6 +224,17 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
         if W > 1:
             db = PRECISION_BYTES[plan.options.comms.dense_allreduce]
             d_ar = 2 * (W - 1) / W * dense.params * db * cm.a2a * W / max(W - 1, 1) + lat
+    if topo.num_hosts > 1 and topo.inter_node_burst_bytes > 0 and W > 1:
+        # a rate limiter's burst (a token bucket refilled while the step computes): each
+        # collective's first bytes across hosts do not wait for inter_node_bw. The share of an
+        # even all-to-all's seconds spent on the bytes across hosts, then at most the burst's
+        # seconds off each phase (the ids' and lengths' calls counted as one)
+        across = ((W - topo.local_world_size) / W / cm.inter) / cm.a2a
+        credit = topo.inter_node_burst_bytes / cm.inter
+        inp, out_fwd, out_bwd = (x - np.minimum(x * across, credit) for x in (inp, out_fwd,
+                                                                            out_bwd))
+        if d_ar:
+            d_ar -= min((d_ar - lat) * across, credit)
     dense_s = d_fb + topo.dense_op_s + d_ar  # forward + backward + fixed + all-reduce
     compute = emb + dense_s
     calls = CALLS_PER_STEP * lat if W > 1 and any(

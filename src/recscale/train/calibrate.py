@@ -337,7 +337,6 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     topology)."""
     from recscale.config import to_dict
     from recscale.progress import Progress
-    from recscale.sharding.types import PRECISION_BYTES
 
     cfg = cfg or CalibrationConfig()
     model_cfg = model_cfg or ModelConfig()
@@ -371,6 +370,22 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     finally:
         shutil.rmtree(store, ignore_errors=True)
         set_threads(previous_threads)
+    out = fit_calibration(base, pts, cfg, num_tables, weight_precision)
+    out.seconds = time.perf_counter() - t_start
+    return out
+
+
+def fit_calibration(base: Topology, pts: dict[str, list[dict]],
+                    cfg: CalibrationConfig | None = None, num_tables: int = 26,
+                    weight_precision: str = "fp32") -> Calibration:
+    """``base`` with its constants fitted to measured ``pts`` (a calibration's ``points``, or
+    ``median_of_rounds`` of several calibrations' points taken at different times: the same
+    ``cfg``, ``num_tables`` and layout)."""
+    from recscale.sharding.types import PRECISION_BYTES
+
+    cfg = cfg or CalibrationConfig()
+    scratch = cfg.scratch_dir or tempfile.gettempdir()
+    lws = base.local_world_size
     orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
     wb = float(PRECISION_BYTES[weight_precision])
     out = Calibration(base, points=pts)
@@ -404,5 +419,4 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
                   exchange_bw=x["cpu_bw"], codec_s=x["codec_s"])
     kw["name"] = base.name if base.name.endswith("-calibrated") else f"{base.name}-calibrated"
     out.topology = replace(base, **kw)
-    out.seconds = time.perf_counter() - t_start
     return out

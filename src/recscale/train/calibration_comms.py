@@ -4,9 +4,9 @@ own exchange, and the link between hosts (``measure_link``, one process per host
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
-import numpy as np
 import torch
 
 import recscale.train.calibration_fits as fits
@@ -18,6 +18,9 @@ from recscale.train.calibration_config import CalibrationConfig, CalibrationErro
 from recscale.train.calibration_config import median_time as _median_time
 
 LINK_SIZES = (1 << 16, 1 << 19, 1 << 21, 1 << 23)  # bytes per all-to-all across hosts
+# the exchange across hosts pauses this long before each step's forward and backward, as a
+# training step computes between them: a rate limiter's token bucket refills meanwhile
+LINK_GAP_S = 0.02
 
 
 # --- collectives -------------------------------------------------------------------------------------
@@ -49,9 +52,11 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
-    (``_measure_exchange``), whose communication as ``CommStats`` counts it is fitted to latency
-    per call + bytes each rank sends: ``{"inter_node_lat_s", "inter_node_bw", "fit",
-    "collectives", "points", "exchange", "inter_node_cpu_bw", "cpu_fit"}``; with ``base`` (one
+    (``_measure_exchange``, pausing ``LINK_GAP_S`` before its forward and its backward, where a
+    step computes), whose communication as ``CommStats`` counts it is fitted to latency per call
+    + the bytes each call sends beyond a burst (``fits.fit_link``: a token bucket's allowance,
+    0 on a link without one): ``{"inter_node_lat_s", "inter_node_bw", "inter_node_burst_bytes",
+    "fit", "collectives", "points", "exchange", "inter_node_cpu_bw", "cpu_fit"}``; with ``base`` (one
     host's calibrated topology, ``exchange_bw`` measured) the exchange's extra work on the ranks'
     own cores per byte sent across (``fits.fit_link_cpu``; else ``inter_node_cpu_bw`` 0).
     A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
@@ -117,23 +122,26 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s,
 
         ctx = SimpleNamespace(rank=rank, world_size=world_size,
                               sparse_group=dist.new_group(backend="gloo", timeout=timeout))
-        xpts = _measure_exchange(ctx, cfg, tables)
+        # dims 4 and 8 too: calls small enough to pass within a rate limiter's burst pin the
+        # latency per call apart from the burst
+        xpts = _measure_exchange(ctx, cfg, tables, gap_s=LINK_GAP_S, extra_dims=(4, 8))
     finally:
         dist.destroy_process_group()
     fit = fits.fit_comms(pts, world_size)
-    X = np.array([[p["calls"], p["bytes"]] for p in xpts])
-    y = np.array([p["comm_seconds"] for p in xpts])
-    c = fits.nnls(X, y)
-    xfit = {"lat_s": float(c[0]), "bw": 1.0 / c[1] if c[1] > 0 else 1e12,
-            "fit_rel_err": fits.rel_err(X, y, c)}
-    return {"inter_node_lat_s": xfit["lat_s"], "inter_node_bw": xfit["bw"], "fit": xfit,
+    xfit = fits.fit_link(xpts)
+    return {"inter_node_lat_s": xfit["lat_s"], "inter_node_bw": xfit["bw"],
+            "inter_node_burst_bytes": xfit["burst_bytes"], "fit": xfit,
             "collectives": fit, "points": pts, "exchange": xpts}
 
 
-def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int) -> list[dict]:
+def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int, gap_s: float = 0.0,
+                      extra_dims: tuple[int, ...] = ()) -> list[dict]:
     """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
     forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
-    (what a training run reports as communication), calls and bytes sent."""
+    (what a training run reports as communication), calls and bytes sent, in all and per
+    collective (``by_call``: name -> [calls per step, bytes per call]). ``gap_s``: a pause before
+    the forward and before the backward (not counted in ``seconds``); ``extra_dims``: dims
+    measured besides the config's (fp32)."""
     from recscale.comm import CommsConfig
     from recscale.comm.collectives import CommStats
     from recscale.embedding.sharded import ShardedEmbeddingCollection
@@ -151,6 +159,7 @@ def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int) -> list[dict]:
     dims = sorted({*cfg.dims, 4 * round(sum(cfg.dims) / len(cfg.dims) / 4)})
     if len(dims) < 3:  # a fixed and a per-byte cost need sizes apart
         dims = sorted({*dims, 16, 128})
+    dims = sorted({*dims, *extra_dims})
     reps = max(3 * cfg.reps, 7)
     for d, prec in [(d, "fp32") for d in dims] + [(max(dims), "fp16")]:
         comms = CommsConfig(forward=prec, backward=prec)
@@ -171,12 +180,23 @@ def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int) -> list[dict]:
         def step(i, emb=emb, batches=batches, stats=stats, marks=marks):
             if i == 0:
                 marks.append((stats.total_seconds, sum(stats.calls.values()),
-                              sum(stats.bytes_sent.values())))
-            emb(batches[i + 1]).sum().backward()
+                              sum(stats.bytes_sent.values()), dict(stats.calls),
+                              dict(stats.bytes_sent)))
+            if gap_s:
+                time.sleep(gap_s)
+            out = emb(batches[i + 1])
+            if gap_s:
+                time.sleep(gap_s)
+            out.sum().backward()
 
-        t = _median_time(step, reps)
-        s0, c0, b0 = marks[0]
+        t = max(_median_time(step, reps) - 2 * gap_s, 0.0)
+        s0, c0, b0, calls0, bytes0 = marks[0]
         n = reps
+        by_call = {}
+        for name, calls in stats.calls.items():
+            k = calls - calls0.get(name, 0)
+            if k:
+                by_call[name] = [k / n, (stats.bytes_sent[name] - bytes0.get(name, 0)) / k]
         # the ids this rank looks up: its T / W tables for the global batch
         # uniform ids: a table's owner sees W x B of them, distinct in expectation as below
         distinct = T / W * cfg.rows * (1.0 - (1.0 - 1.0 / cfg.rows) ** (W * B))
@@ -184,7 +204,7 @@ def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int) -> list[dict]:
                     "distinct": distinct,
                     "comm_seconds": (stats.total_seconds - s0) / n,
                     "calls": (sum(stats.calls.values()) - c0) / n,
-                    "bytes": (sum(stats.bytes_sent.values()) - b0) / n})
+                    "bytes": (sum(stats.bytes_sent.values()) - b0) / n, "by_call": by_call})
         emb.close()
         del emb
     return out
