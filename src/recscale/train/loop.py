@@ -15,6 +15,7 @@ loader, so it measures the model, not the disk.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import time
@@ -310,6 +311,11 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 done = True
                 break
             batch, started, batch_state = nxt, nxt_started, nxt_state
+        # the epoch's loader ends here, on this thread: left to the garbage collector, its
+        # reader threads' objects could be freed on one of those threads, which cannot join
+        # itself (torchdata then prints "Exception ignored ... cannot join current thread")
+        del fetch, it, state_of, loader
+        gc.collect()
     points.point()  # every rank takes part: it is a collective
     if ckpt is not None and ckpt.last_saved_step != res.steps:  # the end, unless just saved
         _save(ckpt, rt, res, pos)
