@@ -31,6 +31,7 @@ import gc
 import logging
 import os
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,11 +65,16 @@ def torchrun_ranks_done(key: str, timeout_s: float) -> bool:
         log.warning("torchrun's agent store is not shared with workers: cannot tell when every "
                     "rank is done with %s", key)
         return False
-    import time
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timedelta(seconds=timeout_s))
-    done = store.add(f"recscale/done/{key}", 1)
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              is_master=False, timeout=timedelta(seconds=timeout_s))
+        done = store.add(f"recscale/done/{key}", 1)
+    except (KeyError, ValueError, RuntimeError, dist.DistStoreError) as exc:
+        log.warning("rank %d cannot reach torchrun's store at %s to report %s done: %s", rank,
+                    where, key, exc)
+        return False
     if rank != 0:
         return True
     deadline = time.monotonic() + timeout_s
