@@ -31,7 +31,6 @@ import gc
 import logging
 import os
 import signal
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,35 +55,28 @@ def in_torchrun() -> bool:
 
 
 def torchrun_ranks_done(key: str, timeout_s: float) -> bool:
-    """Under torchrun, after the group is gone: this rank reports ``key`` done on torchrun's
-    store (the agent's, at MASTER_ADDR:MASTER_PORT); rank 0 then waits, at most ``timeout_s``,
-    until every rank has. True on rank 0 once all have (what rank 0 shares may be released),
-    and on the other ranks once reported. False, with a warning naming how many ranks did not
-    report, when the store is not the agent's (it went with the group) or the deadline passed."""
+    """Under torchrun, after the group is gone: a barrier on torchrun's store (the agent's, at
+    MASTER_ADDR:MASTER_PORT; torch.distributed.elastic's store barrier), so that rank 0 may
+    release what every rank was reading. True once every rank has reported ``key`` done. False,
+    with a warning naming the ranks that did not report (or why the store cannot be reached),
+    when the store is not the agent's (it went with the group) or ``timeout_s`` passed."""
+    from torch.distributed.elastic.utils.store import barrier
+
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         log.warning("torchrun's agent store is not shared with workers: cannot tell when every "
                     "rank is done with %s", key)
         return False
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    rank = int(os.environ["RANK"])
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     try:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                               is_master=False, timeout=timedelta(seconds=timeout_s))
-        done = store.add(f"recscale/done/{key}", 1)
+        barrier(store, int(os.environ["WORLD_SIZE"]), f"recscale/done/{key}", timeout_s,
+                rank=rank, trace_timeout=min(10.0, timeout_s))
     except (KeyError, ValueError, RuntimeError, dist.DistStoreError) as exc:
-        log.warning("rank %d cannot reach torchrun's store at %s to report %s done: %s", rank,
-                    where, key, exc)
+        log.warning("rank %d: not every rank reported %s done on torchrun's store at %s "
+                    "within %g s: %s", rank, key, where, timeout_s, exc)
         return False
-    if rank != 0:
-        return True
-    deadline = time.monotonic() + timeout_s
-    while done < world:
-        if time.monotonic() > deadline:
-            log.warning("%d of %d ranks did not report %s done within %g s", world - done,
-                        world, key, timeout_s)
-            return False
-        time.sleep(0.05)
-        done = store.add(f"recscale/done/{key}", 0)
     return True
 
 

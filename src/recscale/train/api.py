@@ -184,8 +184,8 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
         transitions = read_events(out_dir)
     else:
         # ours to remove once rank 0's model state is read back. Under torchrun every rank
-        # reads it from rank 0's directory, so rank 0 removes it only when all ranks have (a
-        # race seen in CI); every other rank removes its own at once
+        # reads it from rank 0's directory, so the ranks pass a barrier first (rank 0 removing
+        # it early was a race seen in CI); rank 0's is kept where the barrier fails
         scratch = out_dir is None
         out_dir = out_dir or tempfile.mkdtemp(prefix="recscale-train-")
         keep = False
@@ -199,7 +199,8 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
             finally:
                 if scratch and in_torchrun():
                     shared = os.path.dirname(run["state_path"])
-                    keep = not torchrun_ranks_done(shared, train_cfg.launch.collective_timeout_s)
+                    all_read = torchrun_ranks_done(shared, train_cfg.launch.collective_timeout_s)
+                    keep = not all_read and os.path.realpath(shared) == os.path.realpath(out_dir)
             return model, run["ranks"], transitions
         finally:
             if scratch and not keep:

@@ -141,8 +141,6 @@ def fit_exchange(pts, fast, wb, opt_row, opt_elem, T, assemble_s=0.0):
 
 def _beyond(p, burst: float) -> float:
     """Bytes per step of an exchange point that its calls send beyond ``burst`` each."""
-    if "by_call" not in p:  # a point without the split: its bytes over its calls evenly
-        return p["calls"] * max(p["bytes"] / max(p["calls"], 1e-12) - burst, 0.0)
     return sum(calls * max(per_call - burst, 0.0) for calls, per_call in p["by_call"].values())
 
 
@@ -158,8 +156,7 @@ def fit_link(pts) -> dict[str, float]:
     fit without one missed by 38%); else 0 ->
     ``{"lat_s", "bw", "burst_bytes", "fit_rel_err"}``."""
     y = np.array([p["comm_seconds"] for p in pts])
-    largest = max((per_call for p in pts for _, per_call in p.get("by_call", {}).values()),
-                  default=max(p["bytes"] / max(p["calls"], 1e-12) for p in pts))
+    largest = max(per_call for p in pts for _, per_call in p["by_call"].values())
     grid = [0.0]
     while grid[-1] < largest:
         grid.append(4096.0 if grid[-1] == 0 else grid[-1] * 2 ** 0.5)
