@@ -251,8 +251,11 @@ class HessianFree(Optimizer):
         candidates = []  # (f after line search, alpha, direction, dBd, f at alpha=1, kind, iter)
         # CG iterate, with backtracking: walk back from the last saved iterate while the loss falls
         # (an earlier iterate must be better by more than rounding noise: ranks whose partial
-        # sums round differently must not pick different iterates on a near tie)
-        tie = 1e3 * torch.finfo(g.dtype).eps * max(abs(f0), 1e-30)
+        # sums round differently must not pick different iterates on a near tie. In float64 the
+        # noise is not one sum's: the parameters of 1 and 2 ranks drift apart in their last bits
+        # step by step (8e-13 after 3 steps of the parity test), and their iterates' losses by
+        # 1e-12 relative, so a gain under 1e-10 of the loss counts as a tie)
+        tie = max(1e3 * torch.finfo(g.dtype).eps, 1e-10) * max(abs(f0), 1e-30)
         its = [it for it in res.iterates if bool(torch.any(it.x != 0))]
         if its:
             best = its[-1]
