@@ -249,6 +249,9 @@ def main(argv=None) -> int:
                    "namespace hosts, 1 rank each (root; 0: not)")
     p.add_argument("--no-spread", dest="spread", action="store_false", help="skip the "
                    "calibration sweep before each round (the 'after (spread)' column)")
+    p.add_argument("--cal-seconds", type=float, default=20.0, help="the calibration's "
+                   "minimum time per layout (recscale calibrate's --min-seconds; default "
+                   "%(default)s, as its default)")
     p.add_argument("--rate", default="1gbit", help="the namespace hosts' links (tc tbf rate; "
                    "none: unshaped veth)")
     args = p.parse_args(argv)
@@ -273,19 +276,21 @@ def _run(args, root: Path) -> int:
     T = len(manifest["table_sizes"])
     layouts = sorted({spec[0] for spec in CONFIGS.values()})
 
-    def cal_cfg(rounds):
+    def cal_cfg(rounds, min_seconds=0.0):
         return CalibrationConfig(scratch_dir=scratch, num_threads=args.threads,
-                                 batch_sizes=batch_sizes_for(args.batch), rounds=rounds)
+                                 batch_sizes=batch_sizes_for(args.batch), rounds=rounds,
+                                 min_seconds=min_seconds)
 
     def base(ws):
         return Topology.preset("cpu-local", world_size=ws)
 
-    cals = {ws: calibrate(base(ws), cal_cfg(3), model, T, progress_mode="off")
+    cals = {ws: calibrate(base(ws), cal_cfg(3, args.cal_seconds), model, T, progress_mode="off")
             for ws in layouts}
     from recscale.calibrate import format_calibration
 
     for ws, c in cals.items():
-        print(f"calibration, {ws} rank(s) per host, {c.seconds:.1f} s:\n{format_calibration(c)}",
+        print(f"calibration, {ws} rank(s) per host, {c.seconds:.1f} s, {c.sweeps} sweeps:\n"
+              f"{format_calibration(c)}",
               flush=True)
     preps = [prepare_config(name, spec, manifest, cals[spec[0]].topology, args, scratch)
              for name, spec in CONFIGS.items()

@@ -52,6 +52,9 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per point (default 3)")
     p.add_argument("--rounds", type=int, default=3, help="sweeps over all points, each point's "
                    "median over them (a shared machine's speed drifts; default 3)")
+    p.add_argument("--min-seconds", type=float, default=20.0, help="then more sweeps until "
+                   "this long (a spell of a shared machine's cores outlasts a short calibration; "
+                   "default %(default)s)")
     p.add_argument("--ranks-per-host", type=int, default=None, help="ranks that train on this "
                    "machine (default: the base's); they measure at the same time, as they train")
     p.add_argument("--no-comms", action="store_true", help="keep the base's link figures")
@@ -74,6 +77,8 @@ def calibrate_main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = CalibrationConfig(dims=args.dims, reps=args.reps, rounds=args.rounds,
+                                min_seconds=args.min_seconds,
+                                max_rounds=max(15, args.rounds),
                                 scratch_dir=args.scratch_dir,
                                 batch_sizes=batch_sizes_for(args.batch),
                                 tiers=tuple(t for t in args.tiers.split(",") if t),
@@ -88,7 +93,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         return 2
     path = cal.topology.save(args.out)
     print(format_calibration(cal))
-    print(f"wrote {path} in {cal.seconds:.1f} s; plan with sharding.topology={path}")
+    print(f"wrote {path} in {cal.seconds:.1f} s ({cal.sweeps} sweeps); plan with sharding.topology={path}")
     return 0
 
 

@@ -20,7 +20,8 @@ from recscale.train.calibrate import (
 # one rank per host (measured in this process), one dim, one pooling, memory + SSD-backed cache:
 # about a second
 TINY = CalibrationConfig(dims=(16,), poolings=(2,), batch_sizes=(64, 256), tables=2, rows=2000,
-                         cache_rows=5000, tiers=("memory", "ssd"), reps=1, rounds=2)
+                         cache_rows=5000, tiers=("memory", "ssd"), reps=1, rounds=2,
+                         min_seconds=600, max_rounds=3)  # 3 sweeps: the cap ends them
 ONE = Topology.preset("cpu-local", world_size=1)
 
 
@@ -251,16 +252,18 @@ def test_calibration_measures_at_the_runs_batch(monkeypatch):
     seen = []
 
     def fake(base, cfg, *args, **kwargs):
-        seen.append(cfg.batch_sizes)
+        seen.append((cfg.batch_sizes, cfg.min_seconds))
         raise CalibrationError("stop here")
 
     monkeypatch.setattr(cal_mod, "calibrate", fake)
-    cfg = parse(DLRMConfig, {"sharding": {"calibrate": True},
+    cfg = parse(DLRMConfig, {"sharding": {"calibrate": True, "calibration_seconds": 7},
                              "train": {"batch_size_per_rank": 512, "progress": "off"}}, "")
     with pytest.raises(CalibrationError, match="stop here"):
         calibrate_topology({"table_sizes": [100] * 26}, cfg)
     assert calibrate_main(["--batch", "2000", "--progress", "off", "--out", "/nonexistent/t.yml"]) == 2
-    assert seen == [(128, 512), (500, 2000)]
+    assert seen == [((128, 512), 7.0), ((500, 2000), 20.0)]  # the CLI's default: 20 s
+    with pytest.raises(ConfigError, match=r"sharding\.calibration_seconds=-2(\.0)? "):
+        parse(DLRMConfig, {"sharding": {"calibration_seconds": -2}}, "")
     with pytest.raises(ConfigError, match=r"train\.batch_size_per_rank=4 .* at least 8"):
         batch_sizes_for(4)
 
@@ -279,6 +282,37 @@ def test_each_point_is_the_median_of_its_sweeps():
                               {"dim": 128, "batch": 256, "seconds": 4.0, "hit_rate": 1.0}]}
     with pytest.raises(ConfigError, match=r"calibration\.rounds=0 .* a positive integer"):
         CalibrationConfig(rounds=0)
+
+
+def test_calibration_sweeps_for_its_minimum_time(monkeypatch, calibrated):
+    """``rounds`` sweeps, then more until ``min_seconds`` have passed (a spell of a shared
+    machine's cores outlasts a short calibration), at most ``max_rounds``; the progress bar's
+    count follows from the first sweep's length."""
+    import recscale.train.calibration_config as cc
+
+    clock = [100.0]
+    monkeypatch.setattr(cc.time, "perf_counter", lambda: clock[0])
+
+    def count(sweep_s, **kw):
+        n = cc.Sweeps(CalibrationConfig(**kw))
+        expected = []
+        while n.more():  # what the bar shows during each sweep
+            expected.append(n.expected)
+            clock[0] += sweep_s
+            n.finished_one()
+        return n.done, expected
+
+    assert count(3.0, rounds=2, min_seconds=10) == (4, [2, 4, 4, 4])  # 12 s >= 10 after 4
+    assert count(3.0, rounds=2, min_seconds=10, max_rounds=3) == (3, [2, 3, 3])
+    assert count(3.0, rounds=5, min_seconds=10) == (5, [5] * 5)
+    assert count(3.0, rounds=2) == (2, [2, 2])
+    assert count(30.0, rounds=2, min_seconds=10) == (2, [2, 2])
+    # the real calibration (the module's: rounds 2, a minimum it cannot reach, capped at 3)
+    assert calibrated.sweeps == 3 and calibrated.metrics()["calibration.sweeps"] == 3.0
+    with pytest.raises(ConfigError, match=r"calibration\.max_rounds=2 .* >= rounds \(3\)"):
+        CalibrationConfig(rounds=3, max_rounds=2)
+    with pytest.raises(ConfigError, match=r"calibration\.min_seconds=-1(\.0)? "):
+        CalibrationConfig(min_seconds=-1)
 
 
 def test_calibrations_taken_apart_merge_into_one_topology(calibrated):
@@ -309,9 +343,10 @@ def test_two_ranks_measure_the_runs_exchange_at_the_runs_sizes(tmp_path):
     run's tables at the run's batch (a collective's rate changes with the message size), and its
     fitted constants are written into the topology."""
     cfg = dataclasses.replace(TINY, scratch_dir=str(tmp_path), tiers=("memory",), rounds=1,
-                              comm_sizes=(1 << 12, 1 << 16))
+                              max_rounds=2, comm_sizes=(1 << 12, 1 << 16))
     cal = calibrate(Topology.preset("cpu-local", world_size=2), cfg, num_tables=6,
                     progress_mode="off")
+    assert cal.sweeps == 2  # both ranks swept again on rank 0's clock (else: a deadlock)
     pts = cal.points["exchange"]
     assert {(p["tables"], p["batch"]) for p in pts} == {(6, 256)}
     assert {p["precision"] for p in pts} == {"fp32", "fp16"}

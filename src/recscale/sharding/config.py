@@ -5,6 +5,7 @@ sharding:
   topology: cpu-local      # a preset of recscale.sharding.Topology (PRESETS), or a topology
                            # file (.yml/.yaml/.json) that `recscale calibrate` wrote
   calibrate: false         # measure this machine first (the sharding pipeline's calibrate node)
+  calibration_seconds: 20  # ... for at least this long (sweeps spread over the cores' spells)
   world_size: null         # null = the training run's world size
   local_world_size: null   # null = the preset's ranks per host (capped at world_size)
   options:                 # fields of PlannerOptions
@@ -49,6 +50,7 @@ class ShardingConfig(Validated):
 
     topology: str = "cpu-local"
     calibrate: bool = False
+    calibration_seconds: float = 20.0
     world_size: int | None = None
     local_world_size: int | None = None
     # a PlannerOptions after construction; typed Any so that parse hands a mapping over as is
@@ -62,6 +64,10 @@ class ShardingConfig(Validated):
             "`recscale calibrate`")
         check(isinstance(self.calibrate, bool), f"{prefix}.calibrate", self.calibrate,
               "true or false")
+        check(not isinstance(self.calibration_seconds, bool)
+              and isinstance(self.calibration_seconds, (int, float))
+              and 0 <= self.calibration_seconds <= 600, f"{prefix}.calibration_seconds",
+              self.calibration_seconds, "seconds in [0, 600]")
         _none_or_positive_int(f"{prefix}.world_size", self.world_size)
         _none_or_positive_int(f"{prefix}.local_world_size", self.local_world_size)
         if isinstance(self.options, Mapping):  # parameters: the run sets these two, once

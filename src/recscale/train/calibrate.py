@@ -65,6 +65,7 @@ from recscale.train.calibration_comms import (  # noqa: F401  (measure_link: the
 from recscale.train.calibration_config import (  # noqa: F401  (re-exported: the API)
     CalibrationConfig,
     CalibrationError,
+    Sweeps,
     check_writable,
     median_of_rounds,
 )
@@ -82,10 +83,12 @@ class Calibration:
     fits: dict[str, dict[str, float]] = field(default_factory=dict)
     points: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     seconds: float = 0.0
+    sweeps: int = 0  # sweeps over every point (each point: the median over them)
 
     def metrics(self) -> dict[str, float]:
         out = {f"calibration.{part}.{k}": v for part, f in self.fits.items() for k, v in f.items()}
         out["calibration.seconds"] = self.seconds
+        out["calibration.sweeps"] = float(self.sweeps)
         return out
 
 
@@ -241,10 +244,11 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
 
 # --- one rank's measurements -------------------------------------------------------------------------
 def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int, store: str,
-                 progress=None, sync=None, world: int = 1, sweep: int = 0) -> dict[str, list[dict]]:
+                 progress=None, sync=None, world: int = 1, sweep: int = 0,
+                 rounds: int = 1) -> dict[str, list[dict]]:
     """Every point of the calibration, in this process (one rank of the layout); ``sync``
     before each point keeps the ranks of a host measuring at the same time; ``sweep``: which of
-    ``cfg.rounds`` sweeps this is (for the progress bar)."""
+    the ``rounds`` sweeps expected this is (for the progress bar)."""
     from recscale.embedding.cache import TieredEmbeddingBags
     from recscale.embedding.tbe import FusedEmbeddingBags
     from recscale.embedding.tier_config import TierConfig
@@ -258,7 +262,7 @@ def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int
     def tick():
         done[0] += 1
         if progress is not None:
-            progress.update(done[0], total * cfg.rounds)
+            progress.update(done[0], total * rounds)
         if sync is not None:
             sync()
 
@@ -299,14 +303,21 @@ def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
     sweeps = []
     with Progress(None, "calibrate", unit="point", mode=mode if ctx.rank == 0 else "off",
                   log_every_s=3.0) as bar:
-        for k in range(cfg.rounds):
+        count = Sweeps(cfg)
+        while True:
+            go = torch.tensor([int(count.more()), count.expected])  # rank 0's clock decides
+            dist.broadcast(go, 0)
+            if not go[0]:
+                break
             pts = _measure_all(cfg, model_cfg, num_tables, os.path.join(store, f"rank{ctx.rank}"),
-                               bar, sync=dist.barrier, world=ctx.world_size, sweep=k)
+                               bar, sync=dist.barrier, world=ctx.world_size, sweep=count.done,
+                               rounds=int(go[1]))
             if cfg.comms:
                 pts["intra_host"] = _measure_comms(cfg.comm_sizes, max(3 * cfg.reps, 7))
                 pts["exchange"] = _measure_exchange(ctx, cfg, num_tables)
             sweeps.append(pts)
-    return median_of_rounds(sweeps)
+            count.finished_one()
+    return median_of_rounds(sweeps), count.done
 
 
 @worker_entry
@@ -358,20 +369,25 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
             set_threads(cfg.num_threads, 1)
             with Progress(None, "calibrate", unit="point", mode=progress_mode,
                           log_every_s=3.0) as bar:
-                pts = median_of_rounds([
-                    _measure_all(replace(cfg, comms=False), model_cfg, num_tables, store, bar,
-                                 sweep=k) for k in range(cfg.rounds)])
+                count, sweeps = Sweeps(cfg), []
+                while count.more():
+                    sweeps.append(_measure_all(replace(cfg, comms=False), model_cfg, num_tables,
+                                               store, bar, sweep=count.done,
+                                               rounds=count.expected))
+                    count.finished_one()
+                pts, n_sweeps = median_of_rounds(sweeps), count.done
         else:
             lc = LaunchConfig(world_size=lws, collective_timeout_s=cfg.timeout_s,
                               exit_timeout_s=min(cfg.timeout_s, 60.0))
             res = launch(_calibration_worker, (to_dict(lc), to_dict(cfg), to_dict(model_cfg),
                                                num_tables, store, progress_mode), lc)
-            pts = _merge([res[r] for r in sorted(res)])
+            pts = _merge([res[r][0] for r in sorted(res)])
+            n_sweeps = res[0][1]
     finally:
         shutil.rmtree(store, ignore_errors=True)
         set_threads(previous_threads)
     out = fit_calibration(base, pts, cfg, num_tables, weight_precision)
-    out.seconds = time.perf_counter() - t_start
+    out.seconds, out.sweeps = time.perf_counter() - t_start, n_sweeps
     return out
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -39,6 +40,11 @@ class CalibrationConfig(Validated):
     # cores' speed drifts over seconds, and a point measured only once, in a slow or a fast
     # spell, skews the fits (the sweeps interleave the points, so the spells hit them alike)
     rounds: int = 3
+    # and then more sweeps until this many seconds of sweeping have passed (at most
+    # ``max_rounds``): a spell of the cores outlasts a short calibration, so a minimum time
+    # spreads the sweeps over several spells, whatever a sweep takes on the machine
+    min_seconds: float = 0.0
+    max_rounds: int = 15
     comm_sizes: tuple[int, ...] = (1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes per all-to-all
     comms: bool = True  # measure the collectives between the host's ranks
     num_threads: int | None = None  # threads per rank (train.num_threads; null: the host's cores
@@ -61,6 +67,10 @@ class CalibrationConfig(Validated):
               "in (0, 1)")
         check(isinstance(self.rounds, int) and self.rounds >= 1, f"{prefix}.rounds", self.rounds,
               "a positive integer")
+        check(isinstance(self.min_seconds, (int, float)) and 0 <= self.min_seconds <= 600,
+              f"{prefix}.min_seconds", self.min_seconds, "seconds in [0, 600]")
+        check(isinstance(self.max_rounds, int) and self.max_rounds >= self.rounds,
+              f"{prefix}.max_rounds", self.max_rounds, f"an integer >= rounds ({self.rounds})")
         check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
               self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
         check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
@@ -80,6 +90,27 @@ def batch_sizes_for(batch_size_per_rank: int) -> tuple[int, int]:
     b = int(batch_size_per_rank)
     check(b >= 8, "train.batch_size_per_rank", b, "at least 8 to calibrate at")
     return (max(b // 4, 2), b)
+
+
+class Sweeps:
+    """How many sweeps a calibration takes: ``cfg.rounds``, then more while under
+    ``cfg.min_seconds`` since the first began (at most ``cfg.max_rounds``). ``expected``: the
+    count to show on a progress bar, from the first sweep's length."""
+
+    def __init__(self, cfg: CalibrationConfig):
+        self.cfg, self.done, self.started, self.expected = cfg, 0, time.perf_counter(), cfg.rounds
+
+    def more(self) -> bool:
+        c, elapsed = self.cfg, time.perf_counter() - self.started
+        if self.done == 1 and c.min_seconds > 0 and elapsed > 0:
+            self.expected = min(c.max_rounds, max(c.rounds, math.ceil(c.min_seconds / elapsed)))
+        if self.done < c.rounds:
+            return True
+        return self.done < c.max_rounds and elapsed < c.min_seconds
+
+    def finished_one(self) -> None:
+        self.done += 1
+        self.expected = max(self.expected, self.done)
 
 
 # --- timing helpers --------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
                              scratch_dir=train.tiers.scratch_dir,
                              optimizer=train.embedding_optimizer.name,
                              num_threads=train.num_threads,
-                             comms=base.local_world_size > 1)
+                             comms=base.local_world_size > 1,
+                             min_seconds=float(sh.calibration_seconds))
     cal = calibrate(base, ccfg, cfg.model, len(dataset_manifest["table_sizes"]),
                     sh.options.weight_precision, progress_mode=train.progress)
     log.info("calibrated topology in %.1f s: %s", cal.seconds, cal.topology)
