@@ -15,11 +15,12 @@ measured median, and the configs ranked in the same order as measured (pairs in 
 out of all pairs, printed).
 
 This machine's speed drifts for longer than a calibration takes (a 2-vCPU VM: one core at half
-the other's matmul rate for seconds). So each round of repetitions also calibrates again, one
-sweep per layout, and "after (spread)" costs the same plans on the fit to the median of every
-sweep taken across the benchmark (``fit_calibration`` of ``median_of_rounds``): the model's
-error apart from which spell one calibration happened to land in. "after" is the one
-calibration a user runs before training. ``--no-spread`` skips the extra sweeps.
+the other's matmul rate for seconds, whole runs 20% apart minutes apart). So each round of
+repetitions also calibrates again (one sweep per layout), merged with the ones before as
+``recscale calibrate --merge`` merges them (``merge_calibrations``: the fit of the median of the
+kept calibrations' points), and "after (merged)" costs the same plans on the last merge: what a
+user who calibrates at different times (or before every run) plans on. "after" is the one
+calibration a user runs before training. ``--no-merge`` skips the extra calibrations.
 
 On a CPU the DDR tier is the compute tier (the in-memory tier); ``ssd`` configs give the run a RAM
 budget so the planner spills the large tables to the SSD-backed cache. Calibration runs once per
@@ -52,8 +53,13 @@ from recscale.model import ModelConfig
 from recscale.sharding import Topology
 from recscale.sharding.step_time import predict_step
 from recscale.train import DLRMConfig, plan_for_run, train_dlrm
-from recscale.train.calibrate import CalibrationConfig, calibrate, dense_spec, fit_calibration
-from recscale.train.calibration_config import batch_sizes_for, median_of_rounds
+from recscale.train.calibrate import (
+    CalibrationConfig,
+    calibrate,
+    dense_spec,
+    merge_calibrations,
+)
+from recscale.train.calibration_config import batch_sizes_for
 
 ROOT = Path(__file__).resolve().parents[1]
 # across namespace hosts, 1 rank each: name: (dim, comms precision)
@@ -109,7 +115,7 @@ def prepare_config(name, spec, manifest, cal_topo, args, scratch) -> dict:
     after = predict_step(plan, dense, cfg.train.pipeline)
     tiers = sorted({s.tier for t in plan.tables for s in t.shards})
     return {"name": name, "cfg": cfg, "plan": plan, "ranks": ranks, "before": before,
-            "after": after, "after_spread": after, "dense": dense, "pipeline": cfg.train.pipeline,
+            "after": after, "after_merged": after, "dense": dense, "pipeline": cfg.train.pipeline,
             "tiers": "+".join(tiers), "steps": [], "comps": [], "comms": []}
 
 
@@ -135,12 +141,12 @@ def result_row(prep: dict, name: str | None = None) -> dict:
             "measured_compute": statistics.median(prep["comps"]),
             "measured_comm": statistics.median(prep["comms"]),
             "before": prep["before"].step * 1e3, "after": after.step * 1e3,
-            "after_spread": prep["after_spread"].step * 1e3,
+            "after_merged": prep["after_merged"].step * 1e3,
             "after_compute": after.compute[slow_pred] * 1e3,
             "after_comm": after.comm[slow_pred] * 1e3, "spread": (min(steps), max(steps))}
 
 
-def run_hosts(args, root: Path, manifest, cal2, spread2: Topology) -> list[dict]:
+def run_hosts(args, root: Path, manifest, cal2, merged2: Topology) -> list[dict]:
     """The ``--hosts`` part (see the module docstring): one row per HOST_CONFIGS entry."""
     import json
     import subprocess
@@ -191,9 +197,9 @@ def run_hosts(args, root: Path, manifest, cal2, spread2: Topology) -> list[dict]
                 "before": predict_step(plan, dense, dcfg.train.pipeline, topology=preset),
                 "after": predict_step(plan, dense, dcfg.train.pipeline,
                                       topology=cal_topo.for_world(args.hosts, 1)),
-                # the spread calibrations' host, with the link as measured
-                "after_spread": predict_step(plan, dense, dcfg.train.pipeline, topology=replace(
-                    spread2.for_world(args.hosts, 1), inter_node_lat_s=cal_topo.inter_node_lat_s,
+                # the merged calibrations' host, with the link as measured
+                "after_merged": predict_step(plan, dense, dcfg.train.pipeline, topology=replace(
+                    merged2.for_world(args.hosts, 1), inter_node_lat_s=cal_topo.inter_node_lat_s,
                     inter_node_bw=cal_topo.inter_node_bw,
                     inter_node_cpu_bw=cal_topo.inter_node_cpu_bw,
                     inter_node_burst_bytes=cal_topo.inter_node_burst_bytes)),
@@ -215,7 +221,7 @@ def run_hosts(args, root: Path, manifest, cal2, spread2: Topology) -> list[dict]
             rows.append(result_row(prep, f"{name}-{args.rate}"))
             r = rows[-1]
             print(f"  {name}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
-                  f"{r['after']:.2f}, after (spread) {r['after_spread']:.2f}", flush=True)
+                  f"{r['after']:.2f}, after (merged) {r['after_merged']:.2f}", flush=True)
     return rows
 
 
@@ -247,8 +253,8 @@ def main(argv=None) -> int:
                    "these (comma-separated)")
     p.add_argument("--hosts", type=int, default=0, help="also run HOST_CONFIGS across this many "
                    "namespace hosts, 1 rank each (root; 0: not)")
-    p.add_argument("--no-spread", dest="spread", action="store_false", help="skip the "
-                   "calibration sweep before each round (the 'after (spread)' column)")
+    p.add_argument("--no-merge", dest="merge", action="store_false", help="skip the "
+                   "calibration before each round (the 'after (merged)' column)")
     p.add_argument("--cal-seconds", type=float, default=20.0, help="the calibration's "
                    "minimum time per layout (recscale calibrate's --min-seconds; default "
                    "%(default)s, as its default)")
@@ -296,43 +302,44 @@ def _run(args, root: Path) -> int:
              for name, spec in CONFIGS.items()
              if not args.only or any(o in name for o in args.only.split(","))]
     # the repetitions in rounds over the configs: a slow spell of the machine hits them alike.
-    # Each round also calibrates again (one sweep per layout): "after (spread)" costs the same
-    # plans on the fit to the median of those sweeps and the first calibration's, taken across
-    # the whole benchmark, where "after" is the one calibration a user runs before training
-    sweeps = {ws: [cals[ws].points] for ws in layouts}
+    # Each round also calibrates again (one sweep per layout), merged with the calibrations
+    # before it as `recscale calibrate --merge` does: "after (merged)" costs the same plans on
+    # the last merge, where "after" is the one calibration a user runs before training
+    kept = {ws: str(root / f"calibrations-{ws}.points.json") for ws in layouts}
+    merged = {ws: merge_calibrations(base(ws), cals[ws], kept[ws], cal_cfg(1), T)[0]
+              for ws in layouts}
     for _ in range(args.reps):
-        if args.spread:
+        if args.merge:
             for ws in layouts:
-                sweeps[ws].append(calibrate(base(ws), cal_cfg(1), model, T,
-                                            progress_mode="off").points)
+                merged[ws] = merge_calibrations(base(ws), calibrate(
+                    base(ws), cal_cfg(1), model, T, progress_mode="off"), kept[ws], cal_cfg(1),
+                    T)[0]
         for prep in preps:
             train_once(prep, manifest)
-    spread = {ws: fit_calibration(base(ws), median_of_rounds(sweeps[ws]), cal_cfg(1), T)
-              .topology for ws in layouts}
     for prep in preps:
-        prep["after_spread"] = predict_step(prep["plan"], prep["dense"], prep["pipeline"],
-                                            topology=spread[prep["ranks"]])
+        prep["after_merged"] = predict_step(prep["plan"], prep["dense"], prep["pipeline"],
+                                            topology=merged[prep["ranks"]].topology)
     rows = [result_row(p) for p in preps]
     for r in rows:
         print(f"  {r['name']}: measured {r['measured']:.2f} ms, before {r['before']:.2f}, after "
-              f"{r['after']:.2f}, after (spread) {r['after_spread']:.2f}", flush=True)
+              f"{r['after']:.2f}, after (merged) {r['after_merged']:.2f}", flush=True)
     if args.hosts:
-        rows += run_hosts(args, root, manifest, cals[2], spread[2])
+        rows += run_hosts(args, root, manifest, cals[2], merged[2].topology)
     print(f"\nper-step time (ms), measured median of {args.reps} runs x {args.steps} steps, "
           f"batch {args.batch}/rank; predicted before (preset cpu-local) / after calibration")
     head = (f"{'config':<18} {'tiers':<8} {'measured':>9} {'[min-max]':>13} {'before':>8} "
-            f"{'ratio':>6} {'after':>8} {'ratio':>6} {'spread':>8} {'ratio':>6} {'meas c/m':>13} "
+            f"{'ratio':>6} {'after':>8} {'ratio':>6} {'merged':>8} {'ratio':>6} {'meas c/m':>13} "
             f"{'pred c/m':>13}")
     print(head)
     for r in rows:
         print(f"{r['name']:<18} {r['tiers']:<8} {r['measured']:>9.2f} "
               f"{r['spread'][0]:>6.1f}-{r['spread'][1]:<6.1f} {r['before']:>8.2f} "
               f"{r['measured'] / r['before']:>6.2f} {r['after']:>8.2f} "
-              f"{r['measured'] / r['after']:>6.2f} {r['after_spread']:>8.2f} "
-              f"{r['measured'] / r['after_spread']:>6.2f} "
+              f"{r['measured'] / r['after']:>6.2f} {r['after_merged']:>8.2f} "
+              f"{r['measured'] / r['after_merged']:>6.2f} "
               f"{r['measured_compute']:>6.1f}/{r['measured_comm']:<6.1f} "
               f"{r['after_compute']:>6.1f}/{r['after_comm']:<6.1f}")
-    keys = ("before", "after", "after_spread") if args.spread else ("before", "after")
+    keys = ("before", "after", "after_merged") if args.merge else ("before", "after")
     print()
     for k in keys:
         within = sum(abs(r["measured"] / r[k] - 1) <= 0.2 for r in rows)

@@ -55,6 +55,10 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-seconds", type=float, default=20.0, help="then more sweeps until "
                    "this long (a spell of a shared machine's cores outlasts a short calibration; "
                    "default %(default)s)")
+    p.add_argument("--merge", action="store_true", help="fit the median of this calibration's "
+                   "points and the earlier ones kept beside --out (<out>.points.json, the last "
+                   "10): on a machine whose speed drifts for minutes, calibrations taken at "
+                   "different times sample it better than one")
     p.add_argument("--ranks-per-host", type=int, default=None, help="ranks that train on this "
                    "machine (default: the base's); they measure at the same time, as they train")
     p.add_argument("--no-comms", action="store_true", help="keep the base's link figures")
@@ -72,7 +76,13 @@ def calibrate_main(argv: list[str] | None = None) -> int:
 
     from recscale.config import ConfigError
     from recscale.sharding import Topology
-    from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
+    from recscale.train.calibrate import (
+        CalibrationConfig,
+        CalibrationError,
+        calibrate,
+        merge_calibrations,
+        points_path,
+    )
     from recscale.train.calibration_config import batch_sizes_for
 
     try:
@@ -88,12 +98,16 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         if args.link_endpoint:
             return _link(args, cfg, base)
         cal = calibrate(base, cfg, num_tables=args.tables, progress_mode=args.progress)
+        cal, merged = merge_calibrations(base, cal, points_path(args.out), cfg, args.tables,
+                                         merge=args.merge)
     except (CalibrationError, ConfigError) as e:
         print(f"recscale calibrate: {e}", file=sys.stderr)
         return 2
     path = cal.topology.save(args.out)
     print(format_calibration(cal))
-    print(f"wrote {path} in {cal.seconds:.1f} s ({cal.sweeps} sweeps); plan with sharding.topology={path}")
+    print(f"wrote {path} in {cal.seconds:.1f} s ({cal.sweeps} sweeps"
+          + (f"; the median with {merged} earlier calibration(s) in {points_path(args.out)}"
+             if merged else "") + f"); plan with sharding.topology={path}")
     return 0
 
 

@@ -338,6 +338,64 @@ def test_calibrations_taken_apart_merge_into_one_topology(calibrated):
                                                             rel=1e-3), k
 
 
+def test_calibrations_kept_beside_the_topology_merge_into_their_median(calibrated, tmp_path,
+                                                                      capsys, monkeypatch):
+    """``recscale calibrate --merge``: each calibration's points are kept beside the topology
+    file (the last ``keep``), and the topology written is the fit of their median, so
+    calibrations taken at different times (a machine whose speed drifts for minutes) sample the
+    machine, not one spell of it; a file from another config is refused naming what differs."""
+    from recscale.calibrate import calibrate_main
+    from recscale.train.calibrate import merge_calibrations, points_path
+    from recscale.train.calibration_config import median_of_rounds
+
+    path = points_path(tmp_path / "topology.yml")
+    assert path == str(tmp_path / "topology.points.json")
+    slow = dataclasses.replace(calibrated, points={
+        part: [{k: 2 * v if k == "seconds" else v for k, v in p.items()} for p in pts]
+        for part, pts in calibrated.points.items()})
+    got, n = merge_calibrations(ONE, calibrated, path, TINY, 26)
+    assert n == 0 and got is calibrated
+    for k, history in ((1, [calibrated, slow]), (2, [calibrated, slow, slow])):
+        got, n = merge_calibrations(ONE, slow, path, TINY, 26)
+        want = fit_calibration(ONE, median_of_rounds([c.points for c in history]), TINY, 26)
+        assert n == k and got.fits == want.fits
+        assert dataclasses.replace(got.topology, ssd_bytes=0) == \
+            dataclasses.replace(want.topology, ssd_bytes=0)
+    # the oldest dropped past ``keep``: the median of slow, slow = slow
+    got, n = merge_calibrations(ONE, slow, path, TINY, 26, keep=2)
+    assert n == 1 and got.fits == fit_calibration(ONE, slow.points, TINY, 26).fits
+    wider = dataclasses.replace(TINY, dims=(16, 128))
+    with pytest.raises(CalibrationError, match=r"they measured dims=\[16\], this one "
+                                               r"dims=\[16, 128\]; remove the file"):
+        merge_calibrations(ONE, calibrated, path, wider, 26)
+    merge_calibrations(ONE, calibrated, path, wider, 26, merge=False)  # replaced, not merged
+    # the sharding node: every run's calibration kept in sharding.calibration_history
+    import recscale.train.calibrate as cal_mod
+    from recscale.pipelines.sharding.nodes import calibrate_topology
+
+    monkeypatch.setattr(cal_mod, "calibrate", lambda *a, **k: calibrated)
+    history = str(tmp_path / "node.points.json")
+    node_cfg = parse(DLRMConfig, {"sharding": {"calibrate": True, "calibration_history": history,
+                                               "topology": "cpu-local", "world_size": 1},
+                                  "train": {"progress": "off"}}, "")
+    man = {"table_sizes": [100] * 26}
+    (first, m1), (second, m2) = (calibrate_topology(man, node_cfg) for _ in range(2))
+    assert m1["calibration.merged"]["value"] == 0 and m2["calibration.merged"]["value"] == 1
+    # the median of one calibration's points twice is its fit (but for the SSD's free space)
+    assert dataclasses.replace(Topology.from_dict(second["topology"]), ssd_bytes=0) == \
+        dataclasses.replace(Topology.from_dict(first["topology"]), ssd_bytes=0)
+    with pytest.raises(ConfigError, match=r"sharding\.calibration_history='h\.yml' "):
+        parse(DLRMConfig, {"sharding": {"calibration_history": "h.yml"}}, "")
+    # the CLI: a second calibration with --merge writes the median of both
+    out = tmp_path / "cli" / "topology.yml"
+    args = ["--out", str(out), "--dims", "16", "--batch", "64", "--tiers", "memory",
+            "--no-comms", "--ranks-per-host", "1", "--reps", "1", "--rounds", "1",
+            "--min-seconds", "0", "--progress", "off"]
+    assert calibrate_main(args) == 0 and calibrate_main(args + ["--merge"]) == 0
+    assert "the median with 1 earlier calibration(s)" in capsys.readouterr().out
+    assert Topology.load(str(out)).dense_flops > 0
+
+
 def test_two_ranks_measure_the_runs_exchange_at_the_runs_sizes(tmp_path):
     """A host's 2 ranks calibrate at the same time; the runtime's exchange is measured with the
     run's tables at the run's batch (a collective's rate changes with the message size), and its

@@ -6,6 +6,8 @@ sharding:
                            # file (.yml/.yaml/.json) that `recscale calibrate` wrote
   calibrate: false         # measure this machine first (the sharding pipeline's calibrate node)
   calibration_seconds: 20  # ... for at least this long (sweeps spread over the cores' spells)
+  calibration_history: null  # a points file: every run's calibration kept there, the plan made
+                           # on the median of the last 10 (`recscale calibrate --merge`'s file)
   world_size: null         # null = the training run's world size
   local_world_size: null   # null = the preset's ranks per host (capped at world_size)
   options:                 # fields of PlannerOptions
@@ -51,6 +53,7 @@ class ShardingConfig(Validated):
     topology: str = "cpu-local"
     calibrate: bool = False
     calibration_seconds: float = 20.0
+    calibration_history: str | None = None
     world_size: int | None = None
     local_world_size: int | None = None
     # a PlannerOptions after construction; typed Any so that parse hands a mapping over as is
@@ -68,6 +71,10 @@ class ShardingConfig(Validated):
               and isinstance(self.calibration_seconds, (int, float))
               and 0 <= self.calibration_seconds <= 600, f"{prefix}.calibration_seconds",
               self.calibration_seconds, "seconds in [0, 600]")
+        check(self.calibration_history is None or (isinstance(self.calibration_history, str)
+                                                   and self.calibration_history.endswith(".json")),
+              f"{prefix}.calibration_history", self.calibration_history,
+              "null or a .json file (e.g. data/06_models/topology.points.json)")
         _none_or_positive_int(f"{prefix}.world_size", self.world_size)
         _none_or_positive_int(f"{prefix}.local_world_size", self.local_world_size)
         if isinstance(self.options, Mapping):  # parameters: the run sets these two, once

@@ -20,7 +20,7 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     artifact says so, rather than being empty) and no metrics."""
     if not cfg.sharding.calibrate:
         return {"calibrated": False, "planned_on": cfg.sharding.topology}, {}
-    from recscale.train.calibrate import CalibrationConfig, calibrate
+    from recscale.train.calibrate import CalibrationConfig, calibrate, merge_calibrations
     from recscale.train.calibration_config import batch_sizes_for
 
     sh, train = cfg.sharding, cfg.train
@@ -32,10 +32,17 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
                              num_threads=train.num_threads,
                              comms=base.local_world_size > 1,
                              min_seconds=float(sh.calibration_seconds))
-    cal = calibrate(base, ccfg, cfg.model, len(dataset_manifest["table_sizes"]),
-                    sh.options.weight_precision, progress_mode=train.progress)
+    T = len(dataset_manifest["table_sizes"])
+    cal = calibrate(base, ccfg, cfg.model, T, sh.options.weight_precision,
+                    progress_mode=train.progress)
+    metrics = cal.metrics()
+    if sh.calibration_history:  # the median of this run's calibration and the earlier ones
+        cal, merged = merge_calibrations(base, cal, sh.calibration_history, ccfg, T,
+                                         sh.options.weight_precision)
+        metrics["calibration.merged"] = float(merged)
+        log.info("merged with %d earlier calibration(s) in %s", merged, sh.calibration_history)
     log.info("calibrated topology in %.1f s: %s", cal.seconds, cal.topology)
-    return {"calibrated": True, "topology": cal.topology.to_dict()}, as_metrics(cal.metrics())
+    return {"calibrated": True, "topology": cal.topology.to_dict()}, as_metrics(metrics)
 
 
 def plan_tables(dataset_manifest: dict, cfg: DLRMConfig, calibrated_topology: dict | None = None):
