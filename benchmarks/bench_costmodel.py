@@ -53,13 +53,9 @@ from recscale.model import ModelConfig
 from recscale.sharding import Topology
 from recscale.sharding.step_time import predict_step
 from recscale.train import DLRMConfig, plan_for_run, train_dlrm
-from recscale.train.calibrate import (
-    CalibrationConfig,
-    calibrate,
-    dense_spec,
-    merge_calibrations,
-)
+from recscale.train.calibrate import CalibrationConfig, calibrate, dense_spec
 from recscale.train.calibration_config import batch_sizes_for
+from recscale.train.calibration_history import merge_calibrations
 
 ROOT = Path(__file__).resolve().parents[1]
 # across namespace hosts, 1 rank each: name: (dim, comms precision)

@@ -76,14 +76,9 @@ def calibrate_main(argv: list[str] | None = None) -> int:
 
     from recscale.config import ConfigError
     from recscale.sharding import Topology
-    from recscale.train.calibrate import (
-        CalibrationConfig,
-        CalibrationError,
-        calibrate,
-        merge_calibrations,
-        points_path,
-    )
+    from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
     from recscale.train.calibration_config import batch_sizes_for
+    from recscale.train.calibration_history import merge_calibrations, points_path
 
     try:
         cfg = CalibrationConfig(dims=args.dims, reps=args.reps, rounds=args.rounds,

@@ -345,8 +345,8 @@ def test_calibrations_kept_beside_the_topology_merge_into_their_median(calibrate
     calibrations taken at different times (a machine whose speed drifts for minutes) sample the
     machine, not one spell of it; a file from another config is refused naming what differs."""
     from recscale.calibrate import calibrate_main
-    from recscale.train.calibrate import merge_calibrations, points_path
     from recscale.train.calibration_config import median_of_rounds
+    from recscale.train.calibration_history import merge_calibrations, points_path
 
     path = points_path(tmp_path / "topology.yml")
     assert path == str(tmp_path / "topology.points.json")

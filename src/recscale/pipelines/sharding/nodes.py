@@ -20,8 +20,9 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     artifact says so, rather than being empty) and no metrics."""
     if not cfg.sharding.calibrate:
         return {"calibrated": False, "planned_on": cfg.sharding.topology}, {}
-    from recscale.train.calibrate import CalibrationConfig, calibrate, merge_calibrations
+    from recscale.train.calibrate import CalibrationConfig, calibrate
     from recscale.train.calibration_config import batch_sizes_for
+    from recscale.train.calibration_history import merge_calibrations
 
     sh, train = cfg.sharding, cfg.train
     base = sh.topology_for(train.world_size)
