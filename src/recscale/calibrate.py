@@ -83,7 +83,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     try:
         cfg = CalibrationConfig(dims=args.dims, reps=args.reps, rounds=args.rounds,
                                 min_seconds=args.min_seconds,
-                                max_rounds=max(15, args.rounds),
+                                max_rounds=max(CalibrationConfig.max_rounds, args.rounds),
                                 scratch_dir=args.scratch_dir,
                                 batch_sizes=batch_sizes_for(args.batch),
                                 tiers=tuple(t for t in args.tiers.split(",") if t),
