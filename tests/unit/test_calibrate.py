@@ -3,6 +3,7 @@ it), the training node's predicted / measured step time reaches MLflow, and cali
 with a clear error where it cannot run."""
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -46,7 +47,8 @@ def test_calibration_output_round_trips_as_a_topology(calibrated, tmp_path):
     assert (two.world_size, two.local_world_size, two.ddr_bytes) == (2, 2, topo.ddr_bytes / 2)
     # a preset's dict (and so every plan made from a preset) has no measured-only keys
     assert not set(CALIBRATED) & set(Topology.preset("zionex").to_dict())
-    assert set(calibrated.metrics()) >= {"calibration.memory.id_s", "calibration.ssd_cache.bw",
+    assert set(calibrated.metrics()) >= {"calibration.memory.id_s", "calibration.memory.row_s",
+                                         "calibration.ssd_cache.row_s", "calibration.ssd_cache.bw",
                                          "calibration.dense.flops", "calibration.assembly.s"}
     # ids drawn uniform and skewed (the data's kind): the skewed batches repeat ids, which the
     # update term counts once
@@ -266,6 +268,43 @@ def test_calibration_measures_at_the_runs_batch(monkeypatch):
         parse(DLRMConfig, {"sharding": {"calibration_seconds": -2}}, "")
     with pytest.raises(ConfigError, match=r"train\.batch_size_per_rank=4 .* at least 8"):
         batch_sizes_for(4)
+
+
+def test_the_lookup_fits_count_each_distinct_row_the_update_writes():
+    """Points made from known constants, the update's cost per distinct row included, over the
+    calibration's grid (uniform ids: nearly every id a distinct row; power-law: a third): the
+    in-memory fit recovers every constant, and the cached tier's fit its misses' own per-row
+    cost given the in-memory fit for its hits."""
+    import numpy as np
+
+    from recscale.train import calibration_fits as fits
+
+    rng = np.random.default_rng(0)
+    wb, orow, oelem = 4.0, 4.0, 0.0
+    true = {"op_s": 4e-4, "id_s": 2e-8, "bag_s": 3e-8, "bw": 1e10, "row_s": 4.5e-7}
+    slow = {"op_s": 6e-4, "id_s": 4e-7, "bw": 3e9, "row_s": 2e-7}
+    mem, cached = [], []
+    for d, L, B, skew in itertools.product((16, 128), (1, 8), (256, 1024), (0.0, 1.2)):
+        ids, bags = 4 * B * L, 4 * B
+        distinct = ids * (0.98 if skew == 0 else rng.uniform(0.2, 0.4))
+        tb, pb = fits.bytes(ids, bags, d, wb, orow, oelem, distinct)
+        t = (true["op_s"] + ids * true["id_s"] + bags * true["bag_s"] + (tb + pb) / true["bw"]
+             + distinct * true["row_s"])
+        mem.append({"dim": d, "ids": ids, "bags": bags, "distinct": distinct, "seconds": t})
+        h = 0.05 if skew == 0 else 0.5
+        t = (ids * h * true["id_s"] + bags * true["bag_s"] + (tb * h + pb) / true["bw"]
+             + distinct * h * true["row_s"] + slow["op_s"] + ids * (1 - h) * slow["id_s"]
+             + tb * (1 - h) / slow["bw"] + distinct * (1 - h) * slow["row_s"])
+        cached.append({"dim": d, "ids": ids, "bags": bags, "distinct": distinct, "seconds": t,
+                       "hit_rate": h})
+    got = fits.fit_memory(mem, wb, orow, oelem)
+    assert got["fit_rel_err"] < 1e-6
+    for k, v in true.items():
+        assert got[k] == pytest.approx(v, rel=1e-3), k
+    got = fits.fit_cached(cached, true, wb, orow, oelem)
+    assert got["fit_rel_err"] < 1e-6
+    for k, v in slow.items():
+        assert got[k] == pytest.approx(v, rel=1e-3), k
 
 
 def test_each_point_is_the_median_of_its_sweeps():

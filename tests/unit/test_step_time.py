@@ -91,6 +91,34 @@ def test_the_update_bytes_follow_the_distinct_ids_and_one_is_the_old_model():
         assert float(got.comms) == float(base.comms)  # the wire carries every id either way
 
 
+def test_each_distinct_row_the_update_writes_costs_the_tiers_row_seconds():
+    """``<tier>_row_s``: seconds per distinct row of the fused update, on top of the bytes. A
+    table of repeated ids costs its distinct fraction of that; behind a cache, hits cost the
+    compute tier's and misses the slow tier's."""
+    topo = Topology.preset("cpu-local", world_size=1)
+    one = [TableSpec("t", 40_000, 32, 3.0, distinct_fraction=0.25)]
+    plan = plan_sharding(one, topo, 512)
+    base = predict_step(plan, None).parts["embedding"][0]
+    with_rows = dataclasses.replace(topo, ddr_row_s=4e-7)
+    got = predict_step(plan, None, topology=with_rows).parts["embedding"][0]
+    ids = 512 * 3.0  # the batch's ids of the table, a quarter of them distinct rows
+    assert got - base == pytest.approx(ids * 0.25 * 4e-7, rel=1e-9)
+    # the same table on the SSD behind a cache of half its rows: the hit rate splits the rows
+    ssd = dataclasses.replace(with_rows, ssd_bytes=1e12, ssd_bw=1e9, ddr_bytes=4e6,
+                              ssd_row_s=1e-6)
+    spilled = plan_sharding(one, ssd, 512, cache_fraction=0.5)
+    s = spilled.tables[0].shards[0]
+    assert s.tier == "ssd" and s.cache_fraction == 0.5
+    from recscale.sharding.cost import CostModel
+
+    h = float(CostModel(ssd, 512, spilled.options).hit_rate(0.5))
+    a = predict_step(spilled, None).parts["embedding"][0]
+    b = predict_step(spilled, None, topology=dataclasses.replace(ssd, ssd_row_s=0.0,
+                                                                 ddr_row_s=0.0)).parts
+    assert a - b["embedding"][0] == pytest.approx(ids * 0.25 * (h * 4e-7 + (1 - h) * 1e-6),
+                                                  rel=1e-9)
+
+
 def test_a_replica_is_costed_as_the_runtime_runs_it_on_the_global_batch():
     """The runtime looks a data-parallel table up for the global batch on every replica (ids
     gathered before, output gradients exchanged after), not locally + an all-reduce."""

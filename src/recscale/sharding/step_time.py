@@ -26,7 +26,8 @@ data-parallel replica looks up the global batch (ids gathered from every rank, o
 exchanged after; not a local lookup + an all-reduce of the table), and the collection assembles
 its pieces into the [batch, tables x dim] output once per step (``Topology.assemble_s``
 per element; one process only where its tables sit in more than one tier). The update work of a
-table counts its distinct ids (``TablePlan.distinct_fraction``, measured in the data).
+table counts its distinct ids (``TablePlan.distinct_fraction``, measured in the data): their bytes,
+and ``Topology.<tier>_row_s`` each (the fused backward's sorting and per-row work).
 
 Communication is what the runtime's ``CommStats`` measures: the embedding collectives' issue and
 wait time, which includes waiting for a slower rank. So the step is the slowest rank's compute +
@@ -184,7 +185,8 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
             ids = vec * L if dp else vec * L * s.row_length / N
             h = float(cm.hit_rate(s.cache_fraction)) if s.tier != ct else 1.0
             id_s = h * topo.id_seconds(ct) + (1 - h) * topo.id_seconds(s.tier)
-            emb[r] += compute_s + ids * id_s + vec * topo.bag_s
+            row_s = h * topo.row_seconds(ct) + (1 - h) * topo.row_seconds(s.tier)
+            emb[r] += compute_s + ids * (id_s + tp.distinct_fraction * row_s) + vec * topo.bag_s
             remote = (W - 1) / W
             if dp:  # ids gathered from every rank before, output gradients after
                 if W > 1:

@@ -78,6 +78,12 @@ class Topology:
     hbm_id_s: float = 0.0  # seconds per id looked up (and updated) on the tier
     ddr_id_s: float = 0.0
     ssd_id_s: float = 0.0
+    # seconds per distinct row the fused backward updates on the tier (sorting the ids, finding
+    # the unique rows, each row's update): a batch of repeated ids costs far less than as many
+    # distinct ones, beyond what their bytes say
+    hbm_row_s: float = 0.0
+    ddr_row_s: float = 0.0
+    ssd_row_s: float = 0.0
     bag_s: float = 0.0  # seconds per pooled vector (forward + its gradient), compute tier
     intra_node_lat_s: float = 0.0  # seconds per collective call inside a host
     inter_node_lat_s: float = 0.0  # ... across hosts
@@ -202,6 +208,9 @@ class Topology:
     def id_seconds(self, tier: str) -> float:
         return float(getattr(self, f"{tier}_id_s"))
 
+    def row_seconds(self, tier: str) -> float:
+        return float(getattr(self, f"{tier}_row_s"))
+
     @property
     def calibrated(self) -> bool:
         """Whether calibration measured this topology (any measured-only field set)."""
@@ -267,7 +276,8 @@ class Topology:
 
 
 # Fields only calibration sets (see the class); 0 = not measured.
-CALIBRATED = ("hbm_op_s", "ddr_op_s", "ssd_op_s", "hbm_id_s", "ddr_id_s", "ssd_id_s", "bag_s",
+CALIBRATED = ("hbm_op_s", "ddr_op_s", "ssd_op_s", "hbm_id_s", "ddr_id_s", "ssd_id_s",
+              "hbm_row_s", "ddr_row_s", "ssd_row_s", "bag_s",
               "intra_node_lat_s", "inter_node_lat_s", "dense_flops", "dense_op_s",
               "interaction_s", "assemble_s", "exchange_op_s", "exchange_bw", "codec_s",
               "inter_node_cpu_bw", "inter_node_burst_bytes")

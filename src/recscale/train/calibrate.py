@@ -417,7 +417,8 @@ def fit_calibration(base: Topology, pts: dict[str, list[dict]],
                                              max(num_tables, 2), out.fits["assembly"]["s"])
     ct = base.compute_tier
     kw: dict[str, Any] = {f"{ct}_bw": fast["bw"], f"{ct}_op_s": fast["op_s"],
-                          f"{ct}_id_s": fast["id_s"], "bag_s": fast["bag_s"],
+                          f"{ct}_id_s": fast["id_s"], f"{ct}_row_s": fast["row_s"],
+                          "bag_s": fast["bag_s"],
                           "dense_flops": out.fits["dense"]["flops"],
                           "dense_op_s": out.fits["dense"]["op_s"],
                           "interaction_s": out.fits["dense"]["interaction_s"],
@@ -426,7 +427,7 @@ def fit_calibration(base: Topology, pts: dict[str, list[dict]],
         fit = out.fits.get(f"{tier}_cache")
         if fit is not None and tier != ct:
             kw.update({f"{tier}_bw": fit["bw"], f"{tier}_op_s": fit["op_s"],
-                       f"{tier}_id_s": fit["id_s"]})
+                       f"{tier}_id_s": fit["id_s"], f"{tier}_row_s": fit["row_s"]})
             if base.capacity(tier) <= 0 and tier == "ssd":  # a tier the run may spill to
                 kw["ssd_bytes"] = float(shutil.disk_usage(scratch).free / lws)
     if "exchange" in out.fits:  # the runtime's own exchange, not the bare collectives
