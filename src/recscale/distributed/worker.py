@@ -82,10 +82,49 @@ def torchrun_ranks_done(key: str, timeout_s: float) -> bool:
 
 def set_threads(num_threads: int | None, local_world_size: int = 1) -> int:
     """Intra-op threads of this process: ``num_threads``, or the cores shared among the
-    ``local_world_size`` processes of this host. Returns the number set."""
+    ``local_world_size`` processes of this host. Returns the number set. Every process that
+    trains or measures calls it first, so it also keeps freed memory in the process
+    (``keep_freed_memory``)."""
     n = num_threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
     torch.set_num_threads(n)
+    keep_freed_memory()
     return n
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_KEEP = {"done": False}
+
+
+def keep_freed_memory() -> bool:
+    """Keep memory that a step frees for the next step, instead of handing it back to the OS.
+
+    With glibc's defaults, blocks above a dynamic threshold (at most 32 MiB) are fresh ``mmap``s
+    and a free heap top above twice that is trimmed, so the activations a training step frees
+    and allocates again every step come back as zeroed pages, each a page fault. Measured on
+    the 2-vCPU machines: 3,600-7,000 minor faults per dense forward + backward + Adam step at
+    dim 128 and batch 1,024, 33-43 ms a step where the same step takes 23-25 ms with freed
+    memory kept (and no faults), and the time depended on the process's allocation history, so
+    calibration and training measured the same work 1.5x apart. Blocks up to 1 GiB now come
+    from the heap and the heap is never trimmed: a process keeps its peak (PyTorch's CUDA
+    allocator keeps GPU memory the same way). Once per process; False where the C library is
+    not glibc (nothing changes there)."""
+    if _KEEP["done"]:
+        return True
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    # the mmap threshold first: setting either one ends glibc's dynamic adjustment of both
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) or mallopt(_M_MMAP_THRESHOLD, 32 << 20))
+    ok = bool(mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1)) and ok
+    _KEEP["done"] = ok
+    return ok
 
 
 class LaunchAbortedError(RuntimeError):
