@@ -116,6 +116,10 @@ def test_predicted_over_measured_step_time_reaches_mlflow(parquet_dataset, calib
                 "rank0.step_ms.measured_over_predicted", "step_ms.measured_over_predicted"):
         assert key in metrics
     assert "step time per rank, predicted vs measured" in report
+    # measured is the step after the warm-up (the loop counted the first 2 of the 3 apart)
+    assert metrics["rank0.warmup_ms"]["value"] > 0
+    assert metrics["step_ms.measured"]["value"] == pytest.approx(
+        metrics["rank0.step_ms"]["value"])
     monkeypatch.chdir(tmp_path)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     with mlflow.start_run() as run:

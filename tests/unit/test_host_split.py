@@ -67,3 +67,25 @@ def test_the_summary_exposes_the_split_per_rank_and_in_total():
     assert extra["bytes_per_step.intra_host"] == 121.0
     assert extra["bytes_per_step.inter_host"] == 179.0
     assert extra["rank0.bytes_per_step.inter_host"] == 90.0
+
+
+def test_the_step_time_split_leaves_out_the_warmup_steps():
+    """rank<r>.step_ms / comm_ms / compute_ms are the step a rank runs: its mean after the first
+    WARMUP_STEPS (buffers allocated, connections opened, DDP's buckets rebuilt), where the run
+    took more; the warm-up's own mean is rank<r>.warmup_ms."""
+    from recscale.train.loop import WARMUP_STEPS
+
+    assert WARMUP_STEPS == 2
+    res = RankResult(rank=0, steps=10, samples=100, step_seconds=1.0 + 8 * 0.05,
+                     comm_seconds=0.2 + 8 * 0.01, warmup_steps=2, warmup_seconds=1.0,
+                     warmup_comm_seconds=0.2)
+    extra = summarize({0: dataclasses.asdict(res)}).extra
+    assert extra["rank0.step_ms"] == pytest.approx(50.0)
+    assert extra["rank0.comm_ms"] == pytest.approx(10.0)
+    assert extra["rank0.compute_ms"] == pytest.approx(40.0)
+    assert extra["rank0.warmup_ms"] == pytest.approx(500.0)
+    short = RankResult(rank=0, steps=2, samples=20, step_seconds=1.0, comm_seconds=0.2,
+                       warmup_steps=2, warmup_seconds=1.0, warmup_comm_seconds=0.2)
+    extra = summarize({0: dataclasses.asdict(short)}).extra
+    assert extra["rank0.step_ms"] == pytest.approx(500.0)  # nothing after the warm-up: all
+    assert extra["rank0.comm_ms"] == pytest.approx(100.0)

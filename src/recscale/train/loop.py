@@ -56,6 +56,11 @@ class EpochData:
 
 
 SPLIT_KEYS = ("intra_host", "inter_host", "embedding.intra_host", "embedding.inter_host")
+# the first steps of a process are not the step it runs: the first allocates every buffer and
+# opens gloo's connections, and DDP rebuilds its gradient buckets after the first backward, so
+# the second allocates again (measured: 1.5-3x the steps after). The per-step time split
+# (summarize's rank<r>.step_ms) leaves them out where a run has more
+WARMUP_STEPS = 2
 
 
 @dataclass
@@ -70,6 +75,10 @@ class RankResult:
     wall_seconds: float = 0.0
     comm_seconds: float = 0.0
     data_wait_seconds: float = 0.0  # time the trainer waited for the loader
+    # the first WARMUP_STEPS steps this process took: their seconds and communication seconds
+    warmup_steps: int = 0
+    warmup_seconds: float = 0.0
+    warmup_comm_seconds: float = 0.0
     # bytes sent per step: per collective name, and the totals split by the plan's hosts under
     # SPLIT_KEYS ("intra_host", "inter_host"; not collectives: leave them out of sums)
     bytes_per_step: dict[str, float] = field(default_factory=dict)
@@ -298,6 +307,10 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             res.global_samples += global_batch
             res.step_seconds += dt
             res.comm_seconds += stats.total_seconds - comm0
+            if res.warmup_steps < WARMUP_STEPS:
+                res.warmup_steps += 1
+                res.warmup_seconds += dt
+                res.warmup_comm_seconds += stats.total_seconds - comm0
             points.add(loss_sum, batch.batch_size, dt)
             if on_step is not None:
                 on_step(res, global_batch)

@@ -121,8 +121,9 @@ def _sent(r: dict) -> float:
 
 def summarize(results: dict[int, dict]) -> TrainResult:
     """Per-rank results (RankResult dicts) -> the run's result: its counters, rank 0's history,
-    and metrics (``extra``: per-rank time split, bytes per collective, bytes split into
-    ``bytes_per_step.intra_host`` / ``inter_host`` (all ranks) and per rank, tiers)."""
+    and metrics (``extra``: per-rank time split per step after the warm-up steps, bytes per
+    collective, bytes split into ``bytes_per_step.intra_host`` / ``inter_host`` (all ranks) and
+    per rank, tiers)."""
     r0 = results[min(results)]
     step_s = max(r["step_seconds"] for r in results.values())
     new_samples = sum(r["samples"] - r["resumed_samples"] for r in results.values())
@@ -147,9 +148,16 @@ def summarize(results: dict[int, dict]) -> TrainResult:
     }
     for rank, r in sorted(results.items()):
         steps = max(r["steps"], 1)
-        out[f"rank{rank}.step_ms"] = 1e3 * r["step_seconds"] / steps
-        out[f"rank{rank}.comm_ms"] = 1e3 * r["comm_seconds"] / steps
+        # the step a rank runs: its mean after the warm-up steps (loop.WARMUP_STEPS) where it
+        # took more, else over all of them
+        warm = r.get("warmup_steps", 0) if r["steps"] > r.get("warmup_steps", 0) else 0
+        step_s = r["step_seconds"] - (r["warmup_seconds"] if warm else 0.0)
+        comm_s = r["comm_seconds"] - (r["warmup_comm_seconds"] if warm else 0.0)
+        out[f"rank{rank}.step_ms"] = 1e3 * step_s / max(steps - warm, 1)
+        out[f"rank{rank}.comm_ms"] = 1e3 * comm_s / max(steps - warm, 1)
         out[f"rank{rank}.compute_ms"] = out[f"rank{rank}.step_ms"] - out[f"rank{rank}.comm_ms"]
+        out[f"rank{rank}.warmup_ms"] = 1e3 * r.get("warmup_seconds", 0.0) / max(
+            r.get("warmup_steps", 0), 1)
         out[f"rank{rank}.bytes_sent_per_step"] = _sent(r)
         out[f"rank{rank}.embedding_bytes"] = r["embedding_bytes"]
         out[f"rank{rank}.planned_embedding_bytes"] = r["planned_bytes"]
