@@ -14,7 +14,11 @@ from recscale.data.batch import SparseFeatures
 from recscale.distributed import set_threads
 from recscale.sharding import Topology
 from recscale.sharding.types import OPTIMIZER_STATE, PRECISION_BYTES
-from recscale.train.calibration_config import CalibrationConfig, CalibrationError
+from recscale.train.calibration_config import (
+    CalibrationConfig,
+    CalibrationError,
+    median_of_rounds,
+)
 from recscale.train.calibration_config import median_time as _median_time
 
 LINK_SIZES = (1 << 16, 1 << 19, 1 << 21, 1 << 23)  # bytes per all-to-all across hosts
@@ -52,8 +56,8 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
-    (``_measure_exchange``, pausing ``LINK_GAP_S`` before its forward and its backward, where a
-    step computes), whose communication as ``CommStats`` counts it is fitted to latency per call
+    (``_measure_exchange`` in ``cfg.rounds`` sweeps, each point their median; pausing
+    ``LINK_GAP_S`` before its forward and its backward, where a step computes), whose communication as ``CommStats`` counts it is fitted to latency per call
     + the bytes each call sends beyond a burst (``fits.fit_link``: a token bucket's allowance,
     0 on a link without one): ``{"inter_node_lat_s", "inter_node_bw", "inter_node_burst_bytes",
     "fit", "collectives", "points", "exchange", "inter_node_cpu_bw", "cpu_fit"}``; with ``base`` (one
@@ -123,8 +127,13 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s,
         ctx = SimpleNamespace(rank=rank, world_size=world_size,
                               sparse_group=dist.new_group(backend="gloo", timeout=timeout))
         # dims 4 and 8 too: calls small enough to pass within a rate limiter's burst pin the
-        # latency per call apart from the burst
-        xpts = _measure_exchange(ctx, cfg, tables, gap_s=LINK_GAP_S, extra_dims=(4, 8))
+        # latency per call apart from the burst. In cfg.rounds sweeps, each point the median
+        # over them, as the host's points are (one sweep's fit of the link's CPU cost moved
+        # 1.0-2.8 GB/s between benchmark runs minutes apart)
+        xpts = median_of_rounds([
+            {"exchange": _measure_exchange(ctx, cfg, tables, gap_s=LINK_GAP_S,
+                                           extra_dims=(4, 8))}
+            for _ in range(cfg.rounds)])["exchange"]
     finally:
         dist.destroy_process_group()
     fit = fits.fit_comms(pts, world_size)
