@@ -92,9 +92,9 @@ def test_the_update_bytes_follow_the_distinct_ids_and_one_is_the_old_model():
 
 
 def test_each_distinct_row_the_update_writes_costs_the_tiers_row_seconds():
-    """``<tier>_row_s``: seconds per distinct row of the fused update, on top of the bytes. A
-    table of repeated ids costs its distinct fraction of that; behind a cache, hits cost the
-    compute tier's and misses the slow tier's."""
+    """``<tier>_row_s``: seconds per distinct row of the fused update, on top of the bytes, in the
+    planner's shard costs and so in the prediction. A table of repeated ids costs its distinct
+    fraction of that; behind a cache, hits cost the compute tier's and misses the slow tier's."""
     topo = Topology.preset("cpu-local", world_size=1)
     one = [TableSpec("t", 40_000, 32, 3.0, distinct_fraction=0.25)]
     plan = plan_sharding(one, topo, 512)
@@ -103,6 +103,10 @@ def test_each_distinct_row_the_update_writes_costs_the_tiers_row_seconds():
     got = predict_step(plan, None, topology=with_rows).parts["embedding"][0]
     ids = 512 * 3.0  # the batch's ids of the table, a quarter of them distinct rows
     assert got - base == pytest.approx(ids * 0.25 * 4e-7, rel=1e-9)
+    # the planner's shard cost holds it: it balances the seconds the prediction charges
+    mine = plan_sharding(one, with_rows, 512).tables[0].shards[0].compute_cost
+    assert mine - plan.tables[0].shards[0].compute_cost == pytest.approx(ids * 0.25 * 4e-7,
+                                                                         rel=1e-9)
     # the same table on the SSD behind a cache of half its rows: the hit rate splits the rows
     ssd = dataclasses.replace(with_rows, ssd_bytes=1e12, ssd_bw=1e9, ddr_bytes=4e6,
                               ssd_row_s=1e-6)

@@ -6,7 +6,10 @@ Time of one training iteration attributed to the rank that holds a shard, in sec
   their optimizer state in the fused backward/update (3 x weight bytes + 2 x state bytes per id), at
   the bandwidth of the shard's tier; a shard spilled below the compute tier with a cache holding a
   fraction ``c`` of its rows hits the cache with probability ``c ** cache_hit_exponent``. Pooled
-  outputs and their gradients (fp32) are written/read in the compute tier.
+  outputs and their gradients (fp32) are written/read in the compute tier. A calibrated topology
+  adds what it measured per item: per id (``<tier>_id_s``), per distinct row updated
+  (``<tier>_row_s``: on a CPU most of a lookup's time) and per pooled vector (``bag_s``), so the
+  planner balances the seconds the step-time prediction charges (0 on a preset).
 - input distribution: all-to-all of the ids (``index_bytes`` each) and lengths (int32) that the shard
   serves, from every rank; bytes from other ranks of the host move at ``intra_node_bw``, from other
   hosts at ``inter_node_bw``.
@@ -72,6 +75,11 @@ class CostModel:
         self.opt_row, self.opt_elem = (4.0 * x for x in OPTIMIZER_STATE[options.optimizer])
         self.ib = float(options.index_bytes)
         self.bw = np.array([max(topology.bandwidth(t), 1.0) for t in TIERS])
+        # what calibration measured per item (0 on a preset): seconds per id looked up, per
+        # distinct row the fused update writes, per pooled vector (compute tier)
+        self.id_s = np.array([topology.id_seconds(t) for t in TIERS])
+        self.row_s = np.array([topology.row_seconds(t) for t in TIERS])
+        self.bag_s = topology.bag_s
         self.compute_tier = TIER_INDEX[topology.compute_tier]
         W, Lw = self.W, self.Lw
         intra = topology.intra_node_bw or 1.0
@@ -93,6 +101,15 @@ class CostModel:
         fast = 1.0 / self.bw[self.compute_tier]
         h = self.hit_rate(cache)
         return np.where(tier == self.compute_tier, own, h * fast + (1.0 - h) * own)
+
+    def per_item(self, seconds: np.ndarray, tier: np.ndarray, cache: np.ndarray) -> np.ndarray:
+        """A calibrated per-item cost (one value per tier) of a shard in ``tier`` with a cache:
+        hits at the compute tier's, misses at the tier's own."""
+        tier = np.asarray(tier, dtype=np.int64)
+        h = self.hit_rate(cache)
+        fast = seconds[self.compute_tier]
+        return np.where(tier == self.compute_tier, seconds[tier],
+                        h * fast + (1.0 - h) * seconds[tier])
 
     def ring_bw(self, n: np.ndarray) -> np.ndarray:
         return np.where(np.asarray(n) > self.Lw, self.inter, self.intra)
@@ -126,7 +143,9 @@ class CostModel:
         # update as every other replica: a whole table-wise shard's compute on every rank
         lookups = vec * L if kind == DP else vec * L * rows / N
         compute = (lookups * (cols * wb + U * (2 * cols * wb + 2 * opt)) * spb
-                   + 2 * vec * cols * 4 * cpb)
+                   + 2 * vec * cols * 4 * cpb
+                   + lookups * (self.per_item(self.id_s, tier, cache)
+                                + U * self.per_item(self.row_s, tier, cache)) + vec * self.bag_s)
         io = lookups * ib + vec * 4 + 2 * vec * cols * 4
         ids = lookups * ib + vec * 4  # ids and lengths in (a replica: every rank's)
         if kind == DP:  # and in backward every rank's rows of the output gradients out

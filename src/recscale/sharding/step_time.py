@@ -1,8 +1,9 @@
 """The step the trainer runs, predicted from a plan: per rank, compute and exposed communication.
 
-The planner balances the embedding part (``ShardSpec.compute_cost`` / ``comms_cost``, bandwidth
-terms only). A training step also has fixed and per-item costs that calibration measures
-(``Topology.*_op_s``, ``*_id_s``, ``bag_s``, the collectives' latency), the dense arch (bottom
+The planner balances the embedding part (``ShardSpec.compute_cost`` / ``comms_cost``: the
+bandwidth terms, and on a calibrated topology the per-item costs it measured, ``*_id_s``,
+``*_row_s``, ``bag_s``). A training step also has fixed costs that calibration measures
+(``Topology.*_op_s``, the collectives' latency), the dense arch (bottom
 MLP, interaction, top MLP: forward + backward at ``Topology.dense_flops``, the interaction at
 ``interaction_s`` per element where calibrated, plus ``dense_op_s`` for the loss and the
 optimizer step) and its gradient all-reduce, and the overlap
@@ -149,7 +150,6 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
               f"{plan.local_world_size} per host")
     W, B = topo.world_size, float(plan.batch_size_per_rank)
     cm = CostModel(topo, plan.batch_size_per_rank, plan.options)
-    ct = topo.compute_tier
     lat = topo.inter_node_lat_s if topo.num_hosts > 1 else topo.intra_node_lat_s
     f_share = (cm.fb + cm.f_extra) / max(cm.fb + cm.bb + cm.f_extra + cm.b_extra, 1e-12)
     emb = np.zeros(W)
@@ -183,10 +183,7 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
                                   else _shard_costs(cm, tp, s))
             vec = B * W * F  # pooled vectors of the global batch (every replica's too)
             ids = vec * L if dp else vec * L * s.row_length / N
-            h = float(cm.hit_rate(s.cache_fraction)) if s.tier != ct else 1.0
-            id_s = h * topo.id_seconds(ct) + (1 - h) * topo.id_seconds(s.tier)
-            row_s = h * topo.row_seconds(ct) + (1 - h) * topo.row_seconds(s.tier)
-            emb[r] += compute_s + ids * (id_s + tp.distinct_fraction * row_s) + vec * topo.bag_s
+            emb[r] += compute_s  # the per-item costs calibration measured included
             remote = (W - 1) / W
             if dp:  # ids gathered from every rank before, output gradients after
                 if W > 1:
