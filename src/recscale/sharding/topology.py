@@ -70,8 +70,9 @@ class Topology:
     name: str = "custom"
     device: str = "cuda"
     # Measured by calibration (``recscale calibrate``; 0 = not measured, as in the presets). The
-    # planner's per-shard costs use the bandwidths above; these fixed and per-item costs enter
-    # the step-time prediction (``recscale.sharding.step_time``):
+    # per-item ones (``*_id_s``, ``*_row_s``, ``bag_s``) enter the planner's per-shard costs
+    # beside the bandwidths above; the fixed ones the step-time prediction
+    # (``recscale.sharding.step_time``):
     hbm_op_s: float = 0.0  # seconds per step of a rank's lookup + fused update on the tier
     ddr_op_s: float = 0.0
     ssd_op_s: float = 0.0
