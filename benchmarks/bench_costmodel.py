@@ -9,10 +9,11 @@ One calibration (``recscale.train.calibrate``, what ``recscale calibrate`` runs)
 machine; every config is planned once on the calibrated topology and trained ``--reps`` times.
 "before" costs the same plan on the preset (``cpu-local``, as ``plan_for_run`` budgets it),
 "after" on the calibrated topology; both through ``recscale.sharding.step_time.predict_step``
-(dense part and overlap included). Measured: the slowest rank's mean step time of a run (loader
-waits excluded), median over the reps. Goal: after calibration every prediction within 20% of the
-measured median, and the configs ranked in the same order as measured (pairs in the same order,
-out of all pairs, printed).
+(dense part and overlap included). Measured: the slowest rank's mean step time of a run after
+its first 2 steps (warm-up; loader waits excluded), median over the reps. Goal: after
+calibration every prediction within 20% of the measured median, and the configs ranked in the
+same order as measured (pairs in the same order, out of all pairs, printed; each pair out of
+order with its runs' ranges, which overlap where the measurement itself cannot order them).
 
 This machine's speed drifts for longer than a calibration takes (a 2-vCPU VM: one core at half
 the other's matmul rate for seconds, whole runs 20% apart minutes apart). So each round of
@@ -198,6 +199,7 @@ def run_hosts(args, root: Path, manifest, cal2, merged2: Topology) -> list[dict]
                     merged2.for_world(args.hosts, 1), inter_node_lat_s=cal_topo.inter_node_lat_s,
                     inter_node_bw=cal_topo.inter_node_bw,
                     inter_node_cpu_bw=cal_topo.inter_node_cpu_bw,
+                    inter_node_cpu_s=cal_topo.inter_node_cpu_s,
                     inter_node_burst_bytes=cal_topo.inter_node_burst_bytes)),
                 "steps": [], "comps": [], "comms": []}
         # the repetitions in rounds over the configs: a slow spell of the machine hits them alike
@@ -347,9 +349,13 @@ def _run(args, root: Path) -> int:
               f"runs' ranges do not overlap {sc}/{m}")
         for a, b in itertools.combinations(rows, 2):
             if k != "before" and (a["measured"] - b["measured"]) * (a[k] - b[k]) <= 0:
+                overlap = not (a["spread"][1] < b["spread"][0] or b["spread"][1] < a["spread"][0])
                 print(f"  out of order: {a['name']} {a['measured']:.1f} vs {b['name']} "
                       f"{b['measured']:.1f} measured ({abs(a['measured'] / b['measured'] - 1):.0%}"
-                      f" apart), predicted {a[k]:.1f} vs {b[k]:.1f}")
+                      f" apart; runs {a['spread'][0]:.1f}-{a['spread'][1]:.1f} vs "
+                      f"{b['spread'][0]:.1f}-{b['spread'][1]:.1f}, "
+                      f"{'overlapping' if overlap else 'separated'}), predicted {a[k]:.1f} vs "
+                      f"{b[k]:.1f}")
     print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -114,15 +114,18 @@ def _link(args, cfg, base) -> int:
 
     got = measure_link(args.link_rank, args.link_hosts, args.link_endpoint, cfg, args.timeout,
                        base=base, tables=args.tables)
-    cpu, burst = got["inter_node_cpu_bw"], got["inter_node_burst_bytes"]
+    cpu, cpu_s, burst = (got["inter_node_cpu_bw"], got["inter_node_cpu_s"],
+                         got["inter_node_burst_bytes"])
     print(f"link across {args.link_hosts} hosts: latency {got['inter_node_lat_s'] * 1e6:.0f} us "
           f"per call, {got['inter_node_bw'] / 1e6:.1f} MB/s per rank beyond a burst of "
           f"{burst / 1e3:.0f} KB per call (fit error {got['fit']['fit_rel_err']:.2f}); the "
-          "ranks' own CPU per byte sent across: "
-          + (f"{cpu / 1e6:.1f} MB/s" if cpu else "nothing beyond one host's"))
+          "ranks' own CPU beyond one host's: "
+          + (f"{cpu_s * 1e3:.2f} ms a step" if cpu_s else "none a step") + " and "
+          + (f"a byte sent across per {1 / cpu * 1e9:.2f} ns" if cpu else "none per byte"))
     if args.link_rank == 0:
         topo = replace(base, inter_node_lat_s=got["inter_node_lat_s"],
                        inter_node_bw=got["inter_node_bw"], inter_node_cpu_bw=cpu,
+                       inter_node_cpu_s=cpu_s,
                        inter_node_burst_bytes=burst)
         print(f"wrote {topo.save(args.out)}")
     return 0

@@ -217,8 +217,8 @@ def test_the_link_fit_finds_a_rate_limiters_burst_and_none_where_there_is_none()
 
 def test_the_links_cpu_cost_is_what_the_exchange_across_hosts_spends_beyond_one_hosts():
     """Exchange points across hosts made from a calibrated host's constants plus a known cost
-    per byte sent: the fit finds that cost, and nothing where there is none; the prediction of a
-    2-host step charges it on the bytes sent to the other host."""
+    per byte sent and per step: the fit finds them, and nothing where there is none; the
+    prediction of a 2-host step charges them (per byte on the bytes sent to the other host)."""
     from recscale.sharding.step_time import predict_step
     from recscale.train import calibration_fits as fits
 
@@ -235,15 +235,25 @@ def test_the_links_cpu_cost_is_what_the_exchange_across_hosts_spends_beyond_one_
                + B * T * d * host.assemble_s + host.exchange_op_s + sent / host.exchange_bw)
         pts.append({"dim": d, "batch": B, "distinct": ids * 0.4, "bytes": sent,
                     "comm_seconds": 2e-3, "seconds": own + 2e-3})
-    assert fits.fit_link_cpu(pts, host, wb, orow, oelem, T)["cpu_bw"] == 0.0
+    none = fits.fit_link_cpu(pts, host, wb, orow, oelem, T)
+    assert none["cpu_bw"] == 0.0 and none["cpu_s"] == pytest.approx(0.0, abs=1e-9)
     for p in pts:
         p["seconds"] += p["bytes"] / 3e8
-    assert fits.fit_link_cpu(pts, host, wb, orow, oelem, T)["cpu_bw"] == pytest.approx(3e8,
-                                                                                       rel=1e-6)
+    got = fits.fit_link_cpu(pts, host, wb, orow, oelem, T)
+    assert got["cpu_bw"] == pytest.approx(3e8, rel=1e-6) and got["cpu_s"] == pytest.approx(
+        0.0, abs=1e-9)
+    for p in pts:  # and a fixed cost a step (the network stack's per call), whatever the bytes
+        p["seconds"] += 1.5e-3
+    got = fits.fit_link_cpu(pts, host, wb, orow, oelem, T)
+    assert got["cpu_bw"] == pytest.approx(3e8, rel=1e-6)
+    assert got["cpu_s"] == pytest.approx(1.5e-3, rel=1e-6) and got["fit_rel_err"] < 1e-9
     plan = plan_sharding([TableSpec(f"t{i}", 5000, 64, 2.0) for i in range(4)], host, 256)
     off = predict_step(plan, None)
     on = predict_step(plan, None, topology=dataclasses.replace(host, inter_node_cpu_bw=3e8))
     assert all(b > a for a, b in zip(off.compute, on.compute))
+    fixed = predict_step(plan, None, topology=dataclasses.replace(host, inter_node_cpu_bw=3e8,
+                                                                  inter_node_cpu_s=1.5e-3))
+    assert fixed.compute == pytest.approx(tuple(c + 1.5e-3 for c in on.compute), rel=1e-12)
 
 
 def test_calibration_measures_at_the_runs_batch(monkeypatch):

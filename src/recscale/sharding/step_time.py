@@ -18,7 +18,7 @@ The exchange also works on the rank's own cores (bucketing ids, packing, codecs,
 rows; on a CPU gloo's copies too): ``Topology.exchange_op_s`` + bytes sent / ``exchange_bw``
 count as compute, overlapped or not, and so does a reduced-precision codec's work
 (``Topology.codec_s`` per element encoded or decoded), and across hosts the network stack's
-(``Topology.inter_node_cpu_bw``). A link with a rate limiter's burst
+(``Topology.inter_node_cpu_s`` a step, ``inter_node_cpu_bw``). A link with a rate limiter's burst
 (``Topology.inter_node_burst_bytes``) sends each collective's first bytes across hosts without
 waiting for its rate.
 
@@ -211,10 +211,12 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
     if W > 1 and xbytes.any():
         emb += topo.exchange_op_s + (xbytes / topo.exchange_bw if topo.exchange_bw else 0.0)
         emb += xcodec * topo.codec_s
-        if topo.num_hosts > 1 and topo.inter_node_cpu_bw:
-            # the share sent to ranks on other hosts costs the host's network stack too
+        if topo.num_hosts > 1:
+            # exchanging with ranks on other hosts costs the host's network stack too: per step
+            # and per byte of the share sent to them
             across = (W - topo.local_world_size) / (W - 1)
-            emb += xbytes * across / topo.inter_node_cpu_bw
+            emb += topo.inter_node_cpu_s + (xbytes * across / topo.inter_node_cpu_bw
+                                            if topo.inter_node_cpu_bw else 0.0)
     flops = topo.dense_flops or DEFAULT_DENSE_FLOPS.get(topo.device, 2e10)
     d_fb = d_bottom = d_ar = 0.0
     if dense is not None:

@@ -104,6 +104,9 @@ class Topology:
     # bytes a rank sends to other hosts per second of its own CPU, beyond exchange_bw (the
     # host's network stack); 0: nothing beyond
     inter_node_cpu_bw: float = 0.0
+    # seconds per step of the rank's own CPU for exchanging across hosts, beyond one host's and
+    # whatever the bytes: the network stack's work per call (syscalls, small packets)
+    inter_node_cpu_s: float = 0.0
     # bytes a rank may send across hosts per collective call above inter_node_bw before that
     # rate holds (a token bucket's burst, as NIC and cloud rate limiters have: refilled while
     # the step computes between calls); 0: every byte at inter_node_bw
@@ -281,7 +284,7 @@ CALIBRATED = ("hbm_op_s", "ddr_op_s", "ssd_op_s", "hbm_id_s", "ddr_id_s", "ssd_i
               "hbm_row_s", "ddr_row_s", "ssd_row_s", "bag_s",
               "intra_node_lat_s", "inter_node_lat_s", "dense_flops", "dense_op_s",
               "interaction_s", "assemble_s", "exchange_op_s", "exchange_bw", "codec_s",
-              "inter_node_cpu_bw", "inter_node_burst_bytes")
+              "inter_node_cpu_bw", "inter_node_cpu_s", "inter_node_burst_bytes")
 
 # SSD random-row read bandwidth assumed where a topology has no SSD tier of its own (a memory-mapped
 # file on a local NVMe drive; an assumption like the presets' SSD figures, not a measurement).

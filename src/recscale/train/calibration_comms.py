@@ -93,12 +93,13 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
         if set_env:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
         set_threads(threads)
-    got["inter_node_cpu_bw"], got["cpu_fit"] = 0.0, None
+    got["inter_node_cpu_bw"], got["inter_node_cpu_s"], got["cpu_fit"] = 0.0, 0.0, None
     if base is not None and base.exchange_bw > 0:  # a calibrated host to compare with
         orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
         got["cpu_fit"] = fits.fit_link_cpu(got["exchange"], base, float(PRECISION_BYTES["fp32"]),
                                            orow, oelem, tables)
         got["inter_node_cpu_bw"] = got["cpu_fit"]["cpu_bw"]
+        got["inter_node_cpu_s"] = got["cpu_fit"]["cpu_s"]
     return got
 
 
