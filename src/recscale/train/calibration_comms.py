@@ -57,13 +57,14 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
     (``_measure_exchange`` in ``cfg.rounds`` sweeps, each point their median; pausing
-    ``LINK_GAP_S`` before its forward and its backward, where a step computes), whose communication as ``CommStats`` counts it is fitted to latency per call
-    + the bytes each call sends beyond a burst (``fits.fit_link``: a token bucket's allowance,
-    0 on a link without one): ``{"inter_node_lat_s", "inter_node_bw", "inter_node_burst_bytes",
-    "fit", "collectives", "points", "exchange", "inter_node_cpu_bw", "cpu_fit"}``; with ``base`` (one
-    host's calibrated topology, ``exchange_bw`` measured) the exchange's extra work on the ranks'
-    own cores per byte sent across (``fits.fit_link_cpu``; else ``inter_node_cpu_bw`` 0).
-    A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
+    ``LINK_GAP_S`` before its forward and its backward, where a step computes), whose
+    communication as ``CommStats`` counts it is fitted to latency per call + the bytes each call
+    sends beyond a burst (``fits.fit_link``: a token bucket's allowance, 0 on a link without
+    one): ``{"inter_node_lat_s", "inter_node_bw", "inter_node_burst_bytes", "fit",
+    "collectives", "points", "exchange", "inter_node_cpu_s", "inter_node_cpu_bw", "cpu_fit"}``;
+    with ``base`` (one host's calibrated topology, ``exchange_bw`` measured) the exchange's extra
+    work on the ranks' own cores a step and per byte sent across (``fits.fit_link_cpu``; else
+    both 0). A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
     from datetime import timedelta
 
 

@@ -37,8 +37,8 @@ def fit_memory(pts, wb, opt_row, opt_elem):
     """Seconds = fixed + per id + per pooled vector + per distinct row updated + the cost
     model's bytes / bandwidth. The distinct rows' own term is what fbgemm's fused backward
     spends per row it updates (sorting the ids, finding the unique rows, the row's update): a
-    fit without it missed by 25% in the median, uniform ids 1.3-2.5x slower than predicted and
-    power-law ids faster (seen on three machines)."""
+    fit without it missed by 25-28% in the median on the eighth and ninth sessions' machines,
+    uniform ids 1.3-2.5x slower than fitted and power-law ids faster."""
     X, y = [], []
     for p in pts:
         d = p.get("distinct", p["ids"])
