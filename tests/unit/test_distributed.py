@@ -87,9 +87,10 @@ def test_a_process_that_trains_keeps_the_memory_a_step_frees():
         del x
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-    for _ in range(6):  # the heap grows until freed blocks merge into one that holds it
-        faults_of_one_step()
-    assert max(faults_of_one_step() for _ in range(3)) < 0.05 * (n * 4 // 4096)
+    # the heap grows until freed blocks merge into one that holds it (seen: 1-9 allocations),
+    # then the block comes back without faults; glibc's default maps it afresh every time
+    faults = [faults_of_one_step() for _ in range(24)]
+    assert max(faults[-4:]) < 0.05 * (n * 4 // 4096), faults
 
 
 @pytest.mark.parametrize("nnodes, why", [
