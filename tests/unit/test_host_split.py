@@ -79,7 +79,10 @@ def test_the_step_time_split_leaves_out_the_warmup_steps():
     res = RankResult(rank=0, steps=10, samples=100, step_seconds=1.0 + 8 * 0.05,
                      comm_seconds=0.2 + 8 * 0.01, warmup_steps=2, warmup_seconds=1.0,
                      warmup_comm_seconds=0.2)
-    extra = summarize({0: dataclasses.asdict(res)}).extra
+    run = summarize({0: dataclasses.asdict(res)})
+    extra = run.extra
+    # the run's own seconds (its throughput) still count every step
+    assert run.step_seconds == res.step_seconds and extra["step_seconds"] == res.step_seconds
     assert extra["rank0.step_ms"] == pytest.approx(50.0)
     assert extra["rank0.comm_ms"] == pytest.approx(10.0)
     assert extra["rank0.compute_ms"] == pytest.approx(40.0)

@@ -150,14 +150,13 @@ def summarize(results: dict[int, dict]) -> TrainResult:
         steps = max(r["steps"], 1)
         # the step a rank runs: its mean after the warm-up steps (loop.WARMUP_STEPS) where it
         # took more, else over all of them
-        warm = r.get("warmup_steps", 0) if r["steps"] > r.get("warmup_steps", 0) else 0
-        step_s = r["step_seconds"] - (r["warmup_seconds"] if warm else 0.0)
-        comm_s = r["comm_seconds"] - (r["warmup_comm_seconds"] if warm else 0.0)
-        out[f"rank{rank}.step_ms"] = 1e3 * step_s / max(steps - warm, 1)
-        out[f"rank{rank}.comm_ms"] = 1e3 * comm_s / max(steps - warm, 1)
+        warm = r["warmup_steps"] if r["steps"] > r["warmup_steps"] else 0
+        steady = (r["step_seconds"] - r["warmup_seconds"], r["comm_seconds"]
+                  - r["warmup_comm_seconds"]) if warm else (r["step_seconds"], r["comm_seconds"])
+        out[f"rank{rank}.step_ms"] = 1e3 * steady[0] / max(steps - warm, 1)
+        out[f"rank{rank}.comm_ms"] = 1e3 * steady[1] / max(steps - warm, 1)
         out[f"rank{rank}.compute_ms"] = out[f"rank{rank}.step_ms"] - out[f"rank{rank}.comm_ms"]
-        out[f"rank{rank}.warmup_ms"] = 1e3 * r.get("warmup_seconds", 0.0) / max(
-            r.get("warmup_steps", 0), 1)
+        out[f"rank{rank}.warmup_ms"] = 1e3 * r["warmup_seconds"] / max(r["warmup_steps"], 1)
         out[f"rank{rank}.bytes_sent_per_step"] = _sent(r)
         out[f"rank{rank}.embedding_bytes"] = r["embedding_bytes"]
         out[f"rank{rank}.planned_embedding_bytes"] = r["planned_bytes"]
