@@ -63,7 +63,7 @@ def fit_cached(pts, fast, wb, opt_row, opt_elem):
         tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
         h, d = p["hit_rate"], p.get("distinct", p["ids"])
         known = (p["ids"] * h * fast["id_s"] + p["bags"] * fast["bag_s"]
-                 + (tb * h + pb) / fast["bw"] + d * h * fast.get("row_s", 0.0))
+                 + (tb * h + pb) / fast["bw"] + d * h * fast["row_s"])
         X.append([1.0, p["ids"] * (1 - h), tb * (1 - h), d * (1 - h)])
         y.append(max(p["seconds"] - known, 0.0))
     X, y = np.array(X), np.array(y)
@@ -115,12 +115,12 @@ def fit_comms(pts, W):
 
 def _lookups_and_assembly(p, T, wb, opt_row, opt_elem, fast, assemble_s):
     """Seconds of an exchange point's own lookups (``fast``: the in-memory fit's ``op_s``,
-    ``id_s``, ``bag_s``, ``bw``) and of its output's assembly: what its step holds beyond the
+    ``id_s``, ``bag_s``, ``bw``, ``row_s``) and of its output's assembly: what its step holds beyond the
     exchange's work."""
     ids = bags = T * p["batch"]
     tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
     return (fast["op_s"] + ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
-            + p.get("distinct", ids) * fast.get("row_s", 0.0) + p["batch"] * T * p["dim"] * assemble_s)
+            + p.get("distinct", ids) * fast["row_s"] + p["batch"] * T * p["dim"] * assemble_s)
 
 
 def fit_exchange(pts, fast, wb, opt_row, opt_elem, T, assemble_s=0.0):
