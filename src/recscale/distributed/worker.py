@@ -25,6 +25,7 @@ and only then destroys the groups, from Python, which releases the GIL while glo
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import gc
@@ -32,7 +33,7 @@ import logging
 import os
 import signal
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -91,9 +92,37 @@ def set_threads(num_threads: int | None, local_world_size: int = 1) -> int:
     return n
 
 
-# glibc's mallopt parameters (malloc.h)
+@contextlib.contextmanager
+def threads_for_run(num_threads: int | None, local_world_size: int = 1) -> Iterator[int]:
+    """:func:`set_threads` for one run inside a process that outlives it (training or
+    calibrating in the user's Kedro or notebook process): afterwards the process has its
+    thread count back, and, where the run was what kept freed memory, the memory the run freed
+    goes back to the OS (:func:`release_freed_memory`). Yields the number of threads set."""
+    threads, kept = torch.get_num_threads(), _KEEP["done"]
+    try:
+        yield set_threads(num_threads, local_world_size)
+    finally:
+        torch.set_num_threads(threads)
+        if not kept:
+            release_freed_memory()
+
+
+# glibc's mallopt parameters (malloc.h) and their values when a process starts
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_GLIBC_DEFAULT_THRESHOLD = 128 * 1024
 _KEEP = {"done": False}
+
+
+def _glibc_malloc():
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
 
 
 def keep_freed_memory() -> bool:
@@ -111,20 +140,29 @@ def keep_freed_memory() -> bool:
     not glibc (nothing changes there)."""
     if _KEEP["done"]:
         return True
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    libc = _glibc_malloc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     # the mmap threshold first: setting either one ends glibc's dynamic adjustment of both
     ok = bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30) or mallopt(_M_MMAP_THRESHOLD, 32 << 20))
     ok = bool(mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1)) and ok
     _KEEP["done"] = ok
     return ok
+
+
+def release_freed_memory() -> bool:
+    """Undo :func:`keep_freed_memory`: glibc's starting thresholds again (128 KiB each; fixed,
+    where glibc's own would have moved with the process's frees) and the heap's free memory
+    handed back to the OS now (``malloc_trim``). False where nothing was kept."""
+    libc = _glibc_malloc()
+    if not _KEEP["done"] or libc is None:
+        return False
+    libc.mallopt(_M_MMAP_THRESHOLD, _GLIBC_DEFAULT_THRESHOLD)
+    libc.mallopt(_M_TRIM_THRESHOLD, _GLIBC_DEFAULT_THRESHOLD)
+    libc.malloc_trim(0)
+    _KEEP["done"] = False
+    return True
 
 
 class LaunchAbortedError(RuntimeError):

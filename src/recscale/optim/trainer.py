@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from recscale.config import Validated, check, check_choice
-from recscale.distributed import LaunchConfig, launch, set_threads
+from recscale.distributed import LaunchConfig, launch, threads_for_run
 from recscale.optim.config import HessianFreeConfig
 from recscale.optim.curvature import empirical_fisher_diagonal
 from recscale.optim.distributed import shard
@@ -289,8 +289,8 @@ def fit_hessian_free(data: dict, net: NetConfig, hf: HessianFreeConfig, cfg: Fit
         if on_step is not None:
             raise ValueError("on_step is only supported with train.launch.world_size=1")
         return _launch_hf(data, net, hf, cfg)
-    set_threads(cfg.num_threads)
-    return hf_loop(data, net, hf, cfg, rank=0, world_size=1, reduce=None, on_step=on_step)
+    with threads_for_run(cfg.num_threads):
+        return hf_loop(data, net, hf, cfg, rank=0, world_size=1, reduce=None, on_step=on_step)
 
 
 def hf_loop(data: dict, net: NetConfig, hf: HessianFreeConfig, cfg: FitConfig, *, rank: int,
@@ -399,7 +399,12 @@ def fit_baseline(data: dict, net: NetConfig, name: str, baselines: BaselinesConf
                  cfg: FitConfig) -> FitResult:
     """SGD with momentum, Adam or SOAP on the same network, data order and evaluation schedule."""
     check_choice("baselines.optimizers", name, BASELINES)
-    set_threads(cfg.num_threads)
+    with threads_for_run(cfg.num_threads):
+        return _fit_baseline(data, net, name, baselines, cfg)
+
+
+def _fit_baseline(data: dict, net: NetConfig, name: str, baselines: BaselinesConfig,
+                  cfg: FitConfig) -> FitResult:
     dtype = getattr(torch, cfg.dtype)
     x, y = _tensors(data, dtype)
     n = len(x)

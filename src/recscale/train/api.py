@@ -26,7 +26,7 @@ from recscale.distributed import (
     in_torchrun,
     launch,
     resolve_device,
-    set_threads,
+    threads_for_run,
     torchrun_ranks_done,
 )
 from recscale.distributed.job import make_spec, serve_and_launch
@@ -141,8 +141,15 @@ def check_rows_trained(result: TrainResult, rows: int, train_cfg: TrainConfig) -
 
 
 def _train_local(manifest, model_cfg, train_cfg, plan, init_state, init_state_table_sizes=None):
+    # in the caller's process: its threads and memory are its own again after the run
+    with threads_for_run(train_cfg.num_threads) as threads:
+        model, results = _train_in_process(manifest, model_cfg, train_cfg, plan, init_state,
+                                           init_state_table_sizes)
+    return model, results, threads
+
+
+def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_state_table_sizes):
     device = resolve_device(train_cfg.device)
-    threads = set_threads(train_cfg.num_threads)
     # tables the plan puts on a slower tier (e.g. beyond train.tiers.ram_budget_bytes) train
     # from it behind a cache
     placements = placements_from_plan(plan, manifest["sparse_features"], device.type,
@@ -160,7 +167,7 @@ def _train_local(manifest, model_cfg, train_cfg, plan, init_state, init_state_ta
                    loader_data(files, train_cfg, 0, 1, device), train_cfg, ckpt)
     if placements is not None or device.type != "cpu":
         model = to_cpu_model(model, manifest, model_cfg, train_cfg)
-    return model, {0: res.__dict__}, threads
+    return model, {0: res.__dict__}
 
 
 def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, sharding):

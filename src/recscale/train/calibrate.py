@@ -51,7 +51,14 @@ import torch
 
 import recscale.train.calibration_fits as fits
 from recscale.data.batch import SparseFeatures
-from recscale.distributed import LaunchConfig, launch, run_in_group, set_threads, worker_entry
+from recscale.distributed import (
+    LaunchConfig,
+    launch,
+    run_in_group,
+    set_threads,
+    threads_for_run,
+    worker_entry,
+)
 from recscale.model.dlrm import DenseArch, ModelConfig, interaction_dim
 from recscale.sharding import Topology
 from recscale.sharding.step_time import DenseSpec
@@ -363,12 +370,10 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
     lws = base.local_world_size
     store = tempfile.mkdtemp(prefix="recscale-calibrate-", dir=scratch if "ssd" in cfg.tiers
                              else None)
-    previous_threads = torch.get_num_threads()
     try:
-        if lws == 1:
-            set_threads(cfg.num_threads, 1)
-            with Progress(None, "calibrate", unit="point", mode=progress_mode,
-                          log_every_s=3.0) as bar:
+        if lws == 1:  # in this process: its threads and memory are its own again afterwards
+            with threads_for_run(cfg.num_threads, 1), Progress(
+                    None, "calibrate", unit="point", mode=progress_mode, log_every_s=3.0) as bar:
                 count, sweeps = Sweeps(cfg), []
                 while count.more():
                     sweeps.append(_measure_all(replace(cfg, comms=False), model_cfg, num_tables,
@@ -385,7 +390,6 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
             n_sweeps = res[0][1]
     finally:
         shutil.rmtree(store, ignore_errors=True)
-        set_threads(previous_threads)
     out = fit_calibration(base, pts, cfg, num_tables, weight_precision)
     out.seconds, out.sweeps = time.perf_counter() - t_start, n_sweeps
     return out

@@ -11,7 +11,7 @@ import torch
 
 import recscale.train.calibration_fits as fits
 from recscale.data.batch import SparseFeatures
-from recscale.distributed import set_threads
+from recscale.distributed import threads_for_run
 from recscale.sharding import Topology
 from recscale.sharding.types import OPTIMIZER_STATE, PRECISION_BYTES
 from recscale.train.calibration_config import (
@@ -87,13 +87,13 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     set_env = bool(ifname) and "GLOO_SOCKET_IFNAME" not in os.environ
     if set_env:  # for this measurement only (the caller's process goes on without it)
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
-    threads = torch.get_num_threads()
-    try:
-        got = _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s, tables)
+    try:  # in the caller's process: its threads and memory are its own again afterwards
+        with threads_for_run(cfg.num_threads or 1, 1):
+            got = _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s,
+                        tables)
     finally:
         if set_env:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
-        set_threads(threads)
     got["inter_node_cpu_bw"], got["inter_node_cpu_s"], got["cpu_fit"] = 0.0, 0.0, None
     if base is not None and base.exchange_bw > 0:  # a calibrated host to compare with
         orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
@@ -117,7 +117,6 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s,
         raise CalibrationError(f"link calibration: the {world_size} hosts did not all reach "
                                f"{endpoint} within {timeout_s:.0f} s ({e})") from e
     try:
-        set_threads(cfg.num_threads or 1, 1)
         # the exchange's collective, up to the sizes a step sends (a shaped link's burst
         # allowance flatters small messages only)
         pts = _measure_comms(LINK_SIZES, max(3 * cfg.reps, 7), ("all_to_all",))
