@@ -2,6 +2,7 @@
 package graph (the launcher imports no other recscale package; optim uses it, not train)."""
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -65,12 +66,27 @@ def test_set_threads_shares_the_cores_among_the_local_workers():
         torch.set_num_threads(before)
 
 
+BLOCK_FLOATS = 16 << 20  # 64 MiB, about a dim-128 dense step's largest activations
+BLOCK_PAGES = BLOCK_FLOATS * 4 // 4096
+
+
+def faults_of_one_step() -> int:
+    """Minor page faults of allocating, writing and freeing one BLOCK_FLOATS block, as a step's
+    activations are."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.empty(BLOCK_FLOATS)
+    x.fill_(1.0)
+    del x
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
 def test_a_process_that_trains_keeps_the_memory_a_step_frees():
     """set_threads (every training and calibration process calls it) keeps freed memory in the
     process: a 64 MiB block freed and allocated again, as a step's activations are, comes back
     without page faults (glibc's default maps it afresh each time: 16,384 faults of 4 KiB)."""
     import platform
-    import resource
 
     from recscale.distributed import keep_freed_memory
 
@@ -78,33 +94,16 @@ def test_a_process_that_trains_keeps_the_memory_a_step_frees():
         assert keep_freed_memory() is False  # another C library's malloc is left as it is
         return
     set_threads(1)
-    n = 16 << 20  # floats: 64 MiB
-
-    def faults_of_one_step():
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        x = torch.empty(n)
-        x.fill_(1.0)
-        del x
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
     # the heap grows until freed blocks merge into one that holds it (seen: 1-9 allocations),
     # then the block comes back without faults; glibc's default maps it afresh every time
     faults = [faults_of_one_step() for _ in range(24)]
-    assert max(faults[-4:]) < 0.05 * (n * 4 // 4096), faults
+    assert max(faults[-4:]) < 0.05 * BLOCK_PAGES, faults
 
 
 _RUN_IN_PROCESS = """
-import json, resource, torch
+import json, torch
 from recscale.distributed import threads_for_run
-
-n = 16 << 20  # floats: 64 MiB
-
-def faults_of_one_step():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    x = torch.empty(n)
-    x.fill_(1.0)
-    del x
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+from tests.unit.test_distributed import faults_of_one_step
 
 torch.set_num_threads(2)
 with threads_for_run(1) as threads:
@@ -126,16 +125,17 @@ def test_a_run_in_the_callers_process_gives_its_threads_and_memory_back():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _RUN_IN_PROCESS], capture_output=True,
-                          text=True, timeout=120)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    proc = subprocess.run([sys.executable, "-c", _RUN_IN_PROCESS], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (got["threads"], got["inside"], got["restored"]) == (1, 1, 2), got
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return  # another C library's malloc is left as it is
-    pages = 16 << 20 >> 10  # the block's 4 KiB pages
-    assert max(got["during"][-4:]) < 0.05 * pages, got["during"]
-    assert min(got["after"]) > 0.9 * pages, got["after"]
+    assert max(got["during"][-4:]) < 0.05 * BLOCK_PAGES, got["during"]
+    assert min(got["after"]) > 0.9 * BLOCK_PAGES, got["after"]
 
 
 @pytest.mark.parametrize("nnodes, why", [
