@@ -1,9 +1,11 @@
 """The training entry point under torchrun (2 processes on gloo): both ranks exit 0 and both
-return the same trained model, every train row trained once, and no rank's scratch directory
-(rank 0's holds the model every rank reads back) is left behind."""
+return the same trained model, every train row trained once, no rank's scratch directory
+(rank 0's holds the model every rank reads back) is left behind, and each rank's process has
+the memory training kept handed back to the OS afterwards."""
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from recscale.config import parse
 from recscale.data.loader import count_rows
 from recscale.train import DLRMConfig, plan_for_run
+from tests.unit.test_distributed import BLOCK_PAGES
 
 pytestmark = pytest.mark.dist
 
@@ -44,4 +47,8 @@ def test_both_torchrun_ranks_run_the_training_node_and_exit_zero(parquet_dataset
     assert got[0]["samples"] == got[1]["samples"] == rows
     assert got[0]["checksum"] == got[1]["checksum"]
     assert got[0]["history_points"] >= 1
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        # each rank's process has the memory training kept handed back (threads_for_run)
+        for g in got:
+            assert min(g["faults_after"]) > 0.9 * BLOCK_PAGES, g["faults_after"]
     assert sorted(p.name for p in scratch.glob("recscale-train-*")) == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from recscale.distributed import WorkerContext, run_in_group, set_threads, worker_entry
+from recscale.distributed import WorkerContext, run_in_group, threads_for_run, worker_entry
 from recscale.optim.config import HessianFreeConfig
 from recscale.optim.distributed import all_reduce_sum
 
@@ -12,8 +12,9 @@ from recscale.optim.distributed import all_reduce_sum
 @worker_entry
 def hf_fit_worker(data: dict, net, hf: HessianFreeConfig, cfg):
     """Every rank runs the same loop on its shard of each batch; rank 0 returns the FitResult."""
-    set_threads(cfg.num_threads, cfg.launch.nproc_per_node)
-    return run_in_group(cfg.launch, _fit, data, net, hf, cfg)
+    # under torchrun this is the caller's own process: its threads and memory go back after
+    with threads_for_run(cfg.num_threads, cfg.launch.nproc_per_node):
+        return run_in_group(cfg.launch, _fit, data, net, hf, cfg)
 
 
 def _fit(ctx: WorkerContext, data: dict, net, hf: HessianFreeConfig, cfg):

@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from recscale.comm import CommsConfig
 from recscale.config import parse
 from recscale.data.loader import LoaderConfig, make_loader, rank_row_counts
-from recscale.distributed import run_in_group, set_threads, worker_entry
+from recscale.distributed import run_in_group, threads_for_run, worker_entry
 from recscale.embedding.placement import merge_tier_stats
 from recscale.model.dlrm import ModelConfig
 from recscale.sharding import ShardingPlan
@@ -49,8 +49,15 @@ def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
                on_step=None) -> dict[str, Any]:
     """One rank's whole run, inside ``run_in_group``: its model lives and dies in here, so it
     is freed before the group is torn down, and only plain results leave. ``on_step``: see
-    ``run_loop``."""
-    set_threads(train_cfg.num_threads, ctx.local_world_size)
+    ``run_loop``. Under torchrun this is the caller's own process (its Kedro run): its threads
+    and the memory training kept go back afterwards (``threads_for_run``)."""
+    with threads_for_run(train_cfg.num_threads, ctx.local_world_size):
+        return _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
+                           on_step)
+
+
+def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
+                on_step) -> dict[str, Any]:
     rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms)
     files = manifest["splits"]["train"]["files"]
     ckpt = None
