@@ -5,7 +5,8 @@
 
 The link between hosts, one process on each host (host 0 serves at the endpoint and writes the
 file: the base's fields with ``inter_node_lat_s``, ``inter_node_bw``, ``inter_node_burst_bytes``
-and ``inter_node_cpu_bw`` measured):
+measured, and ``inter_node_cpu_s`` / ``inter_node_cpu_bw`` fitted on training steps run across
+the link with host 0's base and ``--bottom-mlp`` / ``--top-mlp``):
 
     recscale calibrate --link-endpoint 10.0.0.1:29600 --link-rank 0 --link-hosts 2 \
         --base data/06_models/topology.yml --out data/06_models/topology.yml   # on host 0
@@ -49,6 +50,10 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--tables", type=int, default=26, help="the run's tables: the exchange is "
                    "measured with as many, so its messages are the size a step sends "
                    "(default %(default)s)")
+    p.add_argument("--bottom-mlp", type=_ints, default=None, help="the run's bottom MLP widths "
+                   "(model.bottom_mlp; default ModelConfig's): the dense step is measured with it")
+    p.add_argument("--top-mlp", type=_ints, default=None, help="the run's top MLP widths "
+                   "(model.top_mlp; default ModelConfig's)")
     p.add_argument("--reps", type=int, default=3, help="timed repetitions per point (default 3)")
     p.add_argument("--rounds", type=int, default=3, help="sweeps over all points, each point's "
                    "median over them (a shared machine's speed drifts; default 3)")
@@ -75,6 +80,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from recscale.config import ConfigError
+    from recscale.model import ModelConfig
     from recscale.sharding import Topology
     from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
     from recscale.train.calibration_config import batch_sizes_for
@@ -90,9 +96,11 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                                 comms=not args.no_comms)
         base = (Topology.load(args.base) if args.base.endswith((".yml", ".yaml", ".json"))
                 else Topology.preset(args.base, local_world_size=args.ranks_per_host))
+        model = ModelConfig(**{k: v for k, v in (("bottom_mlp", args.bottom_mlp),
+                                                  ("top_mlp", args.top_mlp)) if v})
         if args.link_endpoint:
-            return _link(args, cfg, base)
-        cal = calibrate(base, cfg, num_tables=args.tables, progress_mode=args.progress)
+            return _link(args, cfg, base, model)
+        cal = calibrate(base, cfg, model, num_tables=args.tables, progress_mode=args.progress)
         cal, merged = merge_calibrations(base, cal, points_path(args.out), cfg, args.tables,
                                          merge=args.merge)
     except (CalibrationError, ConfigError) as e:
@@ -106,14 +114,14 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _link(args, cfg, base) -> int:
+def _link(args, cfg, base, model) -> int:
     """``--link-endpoint``: the link between hosts into ``base`` (host 0 writes ``--out``)."""
     from dataclasses import replace
 
     from recscale.train.calibrate import measure_link
 
     got = measure_link(args.link_rank, args.link_hosts, args.link_endpoint, cfg, args.timeout,
-                       base=base, tables=args.tables)
+                       base=base, tables=args.tables, model_cfg=model)
     cpu, cpu_s, burst = (got["inter_node_cpu_bw"], got["inter_node_cpu_s"],
                          got["inter_node_burst_bytes"])
     print(f"link across {args.link_hosts} hosts: latency {got['inter_node_lat_s'] * 1e6:.0f} us "
@@ -122,6 +130,10 @@ def _link(args, cfg, base) -> int:
           "ranks' own CPU beyond one host's: "
           + (f"{cpu_s * 1e3:.2f} ms a step" if cpu_s else "none a step") + " and "
           + (f"a byte sent across per {1 / cpu * 1e9:.2f} ns" if cpu else "none per byte"))
+    for p in got["steps"]:  # what that was fitted on
+        print(f"  the training step across the link at dim {p['dim']}: {p['seconds'] * 1e3:.2f} "
+              f"ms measured, {p['predicted'] * 1e3:.2f} ms predicted without the link's CPU "
+              f"cost, {p['bytes_across'] / 1e6:.2f} MB sent across by a rank")
     if args.link_rank == 0:
         topo = replace(base, inter_node_lat_s=got["inter_node_lat_s"],
                        inter_node_bw=got["inter_node_bw"], inter_node_cpu_bw=cpu,

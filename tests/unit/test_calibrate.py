@@ -4,7 +4,9 @@ with a clear error where it cannot run."""
 
 import dataclasses
 import itertools
+import re
 
+import numpy as np
 import pytest
 
 from recscale.config import ConfigError, parse
@@ -139,9 +141,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
+def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path, capsys):
     """Host 1 runs the CLI, host 0 (here) the library; host 0's file is the base with the
-    link's latency and bandwidth, and a host that never comes is named with the endpoint."""
+    link's latency and bandwidth and its CPU cost, fitted on training steps run across the
+    link with host 0's base and dense arch (host 1 is given neither), and a host that never
+    comes is named with the endpoint."""
     import os
     import subprocess
     import sys
@@ -153,7 +157,9 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
 
     ep = f"127.0.0.1:{_free_port()}"
     threads, ifname = torch.get_num_threads(), os.environ.get("GLOO_SOCKET_IFNAME")
-    base = Topology.preset("cpu-local", world_size=2, local_world_size=1)
+    # a calibrated host (its exchange measured): the link's CPU cost is fitted against it
+    base = dataclasses.replace(Topology.preset("cpu-local", world_size=2, local_world_size=1),
+                               exchange_bw=1.2e9, dense_flops=5e10)
     base_file = base.save(tmp_path / "base.yml")
     peer = subprocess.Popen([sys.executable, "-m", "recscale", "calibrate", "--link-endpoint", ep,
                              "--link-rank", "1", "--link-hosts", "2", "--reps", "1", "--rounds",
@@ -163,8 +169,8 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
     try:
         rc = calibrate_main(["--link-endpoint", ep, "--link-rank", "0", "--link-hosts", "2",
                              "--reps", "1", "--rounds", "1", "--tables", "4", "--batch", "256",
-                             "--base", str(base_file),
-                             "--out", str(tmp_path / "t.yml")])
+                             "--base", str(base_file), "--bottom-mlp", "8,16",
+                             "--top-mlp", "8,1", "--out", str(tmp_path / "t.yml")])
         out, _ = peer.communicate(timeout=60)
     finally:
         peer.kill()
@@ -175,8 +181,15 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path):
     # measured (a latency per call may fit to 0 where the bytes explain the time)
     assert got.inter_node_lat_s >= 0 and got.inter_node_bw > 0
     assert got.inter_node_bw != base.inter_node_bw
+    assert got.inter_node_cpu_s >= 0 and got.inter_node_cpu_bw >= 0
     assert dataclasses.replace(got, inter_node_lat_s=0.0, inter_node_bw=base.inter_node_bw,
-                               inter_node_burst_bytes=0.0) == base
+                               inter_node_burst_bytes=0.0, inter_node_cpu_s=0.0,
+                               inter_node_cpu_bw=0.0) == base
+    # the steps it was fitted on, at each dim, on both hosts
+    for text in (capsys.readouterr().out, out):
+        assert re.search(r"the training step across the link at dim 16: [0-9.]+ ms measured, "
+                         r"[0-9.]+ ms predicted .*, [0-9.]+ MB sent across", text), text
+        assert "the training step across the link at dim 128" in text
     with pytest.raises(CalibrationError, match=rf"2 hosts did not all reach {ep}"):
         from recscale.train.calibrate import measure_link
 
@@ -215,36 +228,33 @@ def test_the_link_fit_finds_a_rate_limiters_burst_and_none_where_there_is_none()
     assert all(fit_link(points(0.0, noise=0.15))["burst_bytes"] == 0.0 for _ in range(50))
 
 
-def test_the_links_cpu_cost_is_what_the_exchange_across_hosts_spends_beyond_one_hosts():
-    """Exchange points across hosts made from a calibrated host's constants plus a known cost
-    per byte sent and per step: the fit finds them, and nothing where there is none; the
-    prediction of a 2-host step charges them (per byte on the bytes sent to the other host)."""
+def test_the_links_cpu_cost_is_what_the_training_step_across_hosts_spends_beyond_its_prediction():
+    """Training steps across hosts, measured as the host's prediction (link included, no CPU
+    cost for it) plus a known cost per byte sent across and per step: the fit finds them, and
+    nothing where there is none or where the steps ran faster than predicted; the prediction of
+    a 2-host step charges them (per byte on the bytes sent to the other host)."""
     from recscale.sharding.step_time import predict_step
     from recscale.train import calibration_fits as fits
 
     host = dataclasses.replace(Topology.preset("cpu-local", world_size=2, local_world_size=1),
                                ddr_id_s=8e-8, ddr_op_s=5e-4, bag_s=6e-8, assemble_s=3e-9,
                                exchange_op_s=4e-3, exchange_bw=1.2e9)
-    T, B, wb, orow, oelem = 8, 512, 4.0, 4.0, 0.0
-    pts = []
-    for d in (16, 64, 128):
-        ids = T * B
-        tb, pb = fits.bytes(ids, ids, d, wb, orow, oelem, ids * 0.4)
-        sent = B * T * d * 4 * 2.0
-        own = (ids * host.ddr_id_s + ids * host.bag_s + (tb + pb) / host.ddr_bw + host.ddr_op_s
-               + B * T * d * host.assemble_s + host.exchange_op_s + sent / host.exchange_bw)
-        pts.append({"dim": d, "batch": B, "distinct": ids * 0.4, "bytes": sent,
-                    "comm_seconds": 2e-3, "seconds": own + 2e-3})
-    none = fits.fit_link_cpu(pts, host, wb, orow, oelem, T)
+    rng = np.random.default_rng(5)
+    pts = [{"dim": d, "predicted": float(p), "bytes_across": float(b), "seconds": float(p)}
+           for d, p, b in zip((16, 64, 128), rng.uniform(0.01, 0.08, 3),
+                              rng.uniform(1e6, 2e7, 3))]
+    none = fits.fit_link_steps(pts)
     assert none["cpu_bw"] == 0.0 and none["cpu_s"] == pytest.approx(0.0, abs=1e-9)
+    faster = [dict(p, seconds=0.9 * p["seconds"]) for p in pts]
+    assert fits.fit_link_steps(faster)["cpu_s"] == pytest.approx(0.0, abs=1e-9)
     for p in pts:
-        p["seconds"] += p["bytes"] / 3e8
-    got = fits.fit_link_cpu(pts, host, wb, orow, oelem, T)
+        p["seconds"] += p["bytes_across"] / 3e8
+    got = fits.fit_link_steps(pts)
     assert got["cpu_bw"] == pytest.approx(3e8, rel=1e-6) and got["cpu_s"] == pytest.approx(
         0.0, abs=1e-9)
     for p in pts:  # and a fixed cost a step (the network stack's per call), whatever the bytes
         p["seconds"] += 1.5e-3
-    got = fits.fit_link_cpu(pts, host, wb, orow, oelem, T)
+    got = fits.fit_link_steps(pts)
     assert got["cpu_bw"] == pytest.approx(3e8, rel=1e-6)
     assert got["cpu_s"] == pytest.approx(1.5e-3, rel=1e-6) and got["fit_rel_err"] < 1e-9
     plan = plan_sharding([TableSpec(f"t{i}", 5000, 64, 2.0) for i in range(4)], host, 256)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -12,8 +13,8 @@ import torch
 import recscale.train.calibration_fits as fits
 from recscale.data.batch import SparseFeatures
 from recscale.distributed import threads_for_run
+from recscale.model import ModelConfig
 from recscale.sharding import Topology
-from recscale.sharding.types import OPTIMIZER_STATE, PRECISION_BYTES
 from recscale.train.calibration_config import (
     CalibrationConfig,
     CalibrationError,
@@ -52,7 +53,7 @@ def _measure_comms(sizes, reps, collectives=("all_to_all", "all_reduce")) -> lis
 
 def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
                  timeout_s: float = 60.0, base: Topology | None = None,
-                 tables: int = 26) -> dict[str, Any]:
+                 tables: int = 26, model_cfg: ModelConfig | None = None) -> dict[str, Any]:
     """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
@@ -61,10 +62,12 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     communication as ``CommStats`` counts it is fitted to latency per call + the bytes each call
     sends beyond a burst (``fits.fit_link``: a token bucket's allowance, 0 on a link without
     one): ``{"inter_node_lat_s", "inter_node_bw", "inter_node_burst_bytes", "fit",
-    "collectives", "points", "exchange", "inter_node_cpu_s", "inter_node_cpu_bw", "cpu_fit"}``;
-    with ``base`` (one host's calibrated topology, ``exchange_bw`` measured) the exchange's extra
-    work on the ranks' own cores a step and per byte sent across (``fits.fit_link_cpu``; else
-    both 0). A peer missing for ``timeout_s`` ends it with an error naming the endpoint."""
+    "collectives", "points", "exchange", "inter_node_cpu_s", "inter_node_cpu_bw", "cpu_fit",
+    "steps"}``; with ``base`` (one host's calibrated topology, ``exchange_bw`` measured) the
+    link's extra work on the ranks' own cores a step and per byte sent across, fitted on the
+    training step itself run across the link (``calibration_steps``, ``model_cfg``'s dense arch,
+    default ``ModelConfig()``; ``fits.fit_link_steps``; else both 0). A peer missing for
+    ``timeout_s`` ends it with an error naming the endpoint."""
     from datetime import timedelta
 
 
@@ -90,22 +93,20 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     try:  # in the caller's process: its threads and memory are its own again afterwards
         with threads_for_run(cfg.num_threads or 1, 1):
             got = _link(rank, world_size, host, int(port), endpoint, cfg, timeout, timeout_s,
-                        tables)
+                        tables, base, model_cfg or ModelConfig())
     finally:
         if set_env:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
     got["inter_node_cpu_bw"], got["inter_node_cpu_s"], got["cpu_fit"] = 0.0, 0.0, None
-    if base is not None and base.exchange_bw > 0:  # a calibrated host to compare with
-        orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])
-        got["cpu_fit"] = fits.fit_link_cpu(got["exchange"], base, float(PRECISION_BYTES["fp32"]),
-                                           orow, oelem, tables)
+    if got["steps"]:  # a calibrated host to compare with
+        got["cpu_fit"] = fits.fit_link_steps(got["steps"])
         got["inter_node_cpu_bw"] = got["cpu_fit"]["cpu_bw"]
         got["inter_node_cpu_s"] = got["cpu_fit"]["cpu_s"]
     return got
 
 
-def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s,
-          tables) -> dict[str, Any]:
+def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s, tables, base,
+          model_cfg) -> dict[str, Any]:
     import torch.distributed as dist
 
     try:
@@ -135,13 +136,30 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s,
             {"exchange": _measure_exchange(ctx, cfg, tables, gap_s=LINK_GAP_S,
                                            extra_dims=(4, 8))}
             for _ in range(cfg.rounds)])["exchange"]
+        xfit = fits.fit_link(xpts)
+        # the training step across the link, against the host's prediction of it with the
+        # link as host 0 measured it: what the link costs the ranks' own cores. Host 0's base
+        # and model (the others need neither) decide, for every host
+        topo = [None, model_cfg]
+        if rank == 0 and base is not None and base.exchange_bw > 0:
+            topo[0] = replace(base.for_world(world_size, 1), inter_node_lat_s=xfit["lat_s"],
+                              inter_node_bw=xfit["bw"],
+                              inter_node_burst_bytes=xfit["burst_bytes"])
+        dist.broadcast_object_list(topo, src=0)
+        steps = []
+        if topo[0] is not None:
+            from recscale.distributed import WorkerContext
+            from recscale.train.calibration_steps import measure_link_steps
+
+            wctx = WorkerContext(rank, world_size, 0, 1, torch.device("cpu"), "gloo",
+                                 ctx.sparse_group, timeout_s)
+            steps = measure_link_steps(wctx, cfg, topo[1], tables, topo[0])
     finally:
         dist.destroy_process_group()
     fit = fits.fit_comms(pts, world_size)
-    xfit = fits.fit_link(xpts)
     return {"inter_node_lat_s": xfit["lat_s"], "inter_node_bw": xfit["bw"],
             "inter_node_burst_bytes": xfit["burst_bytes"], "fit": xfit,
-            "collectives": fit, "points": pts, "exchange": xpts}
+            "collectives": fit, "points": pts, "exchange": xpts, "steps": steps}
 
 
 def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int, gap_s: float = 0.0,

@@ -195,27 +195,15 @@ def fit_link(pts) -> dict[str, float]:
             "burst_bytes": float(burst), "fit_rel_err": err}
 
 
-def fit_link_cpu(pts, base, wb, opt_row, opt_elem, T):
-    """The exchange across hosts (``pts``: ``_measure_exchange`` run one rank per host) against
-    the same exchange as ``base`` (one host's calibrated topology) predicts it: the extra
-    seconds of the ranks' own CPU beyond the communication, per step and per byte a rank sends
-    to the other hosts (a host's network stack: its work per call, copies, checksums,
-    interrupts), fitted on the fp32 points -> ``{"cpu_s", "cpu_bw", "fit_rel_err"}`` (0: none
-    beyond the base's). On namespace hosts over veth the extra was 1-2 ms a step whatever the
-    dim, and no more per byte than loopback: a fit of the bytes alone missed by 93%."""
-    ct = base.compute_tier
-    fast = {"op_s": base.op_seconds(ct), "id_s": base.id_seconds(ct), "bag_s": base.bag_s,
-            "bw": base.bandwidth(ct), "row_s": base.row_seconds(ct)}
-    X, y, whole = [], [], []
-    for p in pts:
-        if p.get("precision", "fp32") != "fp32":
-            continue
-        own = (_lookups_and_assembly(p, T, wb, opt_row, opt_elem, fast, base.assemble_s)
-               + base.exchange_op_s + (p["bytes"] / base.exchange_bw if base.exchange_bw else 0.0))
-        X.append([1.0, p["bytes"]])
-        y.append(max(p["seconds"] - p["comm_seconds"] - own, 0.0))
-        whole.append(p["seconds"])
-    X, y = np.array(X), np.array(y)
-    c = nnls(X, y, np.array(whole))
+def fit_link_steps(pts) -> dict[str, float]:
+    """Training steps across hosts (``calibration_steps.measure_link_steps`` points: the step
+    measured, the step predicted on the host's calibration with the link and no CPU cost for
+    it, the bytes a rank sent across) -> the link's extra work on the ranks' own cores, per step
+    and per byte sent across: ``{"cpu_s", "cpu_bw", "fit_rel_err"}`` (0: none), the
+    non-negative fit of measured - predicted, each point's error relative to its step."""
+    X = np.array([[1.0, p["bytes_across"]] for p in pts])
+    y = np.array([p["seconds"] - p["predicted"] for p in pts])
+    whole = np.array([p["seconds"] for p in pts])
+    c = nnls(X, y, whole)
     return {"cpu_s": float(c[0]), "cpu_bw": 1.0 / c[1] if c[1] > 0 else 0.0,
-            "fit_rel_err": float(np.median(np.abs(X @ c - y) / np.array(whole)))}
+            "fit_rel_err": float(np.median(np.abs(X @ c - y) / whole))}

@@ -1,0 +1,90 @@
+"""The training step itself across the link between hosts, for the link's calibration.
+
+The exchange alone (``calibration_comms._measure_exchange``) times the link while nothing else
+runs, so the work a transfer does on the hosts' own cores (the network stack's copies and
+interrupts, gloo's threads) hides inside its own wait. A training step overlaps transfers with
+compute (the next batch's input distribution, DDP's gradient all-reduce in the backward), and
+where the cores are busy that work slows the compute instead: on two namespace hosts sharing
+two cores the host jobs' compute ran 4-8 ms a step over the same job's on one host, where the
+exchange-alone fit had found 0.1-1.3 ms. So the link's CPU cost (``Topology.inter_node_cpu_s``
+a step, ``inter_node_cpu_bw``) is fitted on the runtime's own step: the loop, the sharded
+runtime and the pipelined policy a run uses, on synthetic batches, against the step
+``predict_step`` gives for the same plan on the host's calibration with the link measured and
+no CPU cost (``calibration_fits.fit_link_steps``)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from dataclasses import replace
+
+import torch
+
+from recscale.model import ModelConfig
+from recscale.sharding import Topology
+from recscale.train.calibration_config import CalibrationConfig
+
+NUM_DENSE = 13
+STEPS = 12  # per point; the loop's warm-up steps (loop.WARMUP_STEPS) are left out
+
+
+def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tables: int,
+                       topo: Topology) -> list[dict]:
+    """Per dim of ``cfg.dims`` (each the median of ``cfg.rounds`` runs of ``STEPS`` steps, dims
+    interleaved): the slowest rank's step after the warm-up (``seconds``), the step
+    ``predict_step`` gives on ``topo`` (``predicted``; its ``inter_node_cpu_*`` are set to 0)
+    and the most bytes a rank sent to other hosts a step (``bytes_across``). Table-wise shards
+    of ``tables`` tables of ``cfg.rows`` rows, ``model_cfg``'s dense arch at each dim (DDP), the
+    batch ``max(cfg.batch_sizes)`` per rank. Inside the process group of ``ctx`` (one rank per
+    host)."""
+    import torch.distributed as dist
+
+    from recscale.comm import CommsConfig
+    from recscale.config import parse
+    from recscale.data.batch import Batch, SparseFeatures
+    from recscale.sharding import TableSpec, plan_sharding
+    from recscale.sharding.step_time import predict_step
+    from recscale.train.calibrate import dense_model, dense_spec
+    from recscale.train.config import TrainConfig
+    from recscale.train.loop import EpochData, run_loop
+    from recscale.train.runtime import ShardedRuntime
+
+    W, B, T = ctx.world_size, max(cfg.batch_sizes), max(tables, 2)
+    topo = replace(topo, inter_node_cpu_s=0.0, inter_node_cpu_bw=0.0)
+    names = tuple(f"f{i}" for i in range(T))
+    g = torch.Generator().manual_seed(1000 + ctx.rank)
+    batches = [Batch(torch.randn(B, NUM_DENSE, generator=g),
+                     SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
+                                    torch.ones(T, B, dtype=torch.int64)),
+                     torch.randint(0, 2, (B,), generator=g).float(),
+                     torch.arange(i * B, (i + 1) * B))
+               for i in range(STEPS)]
+    train_cfg = parse(TrainConfig, {
+        "batch_size_per_rank": B, "max_steps": STEPS, "progress": "off", "log_every": 10 * STEPS,
+        "num_threads": cfg.num_threads, "checkpoint": {"dir": None},
+        "embedding_optimizer": {"name": cfg.optimizer}, "launch": {"world_size": W}}, "train")
+    got: dict[int, list[tuple[float, float]]] = {d: [] for d in cfg.dims}
+    predicted, models = {}, {}
+    for _ in range(cfg.rounds):
+        for d in cfg.dims:
+            mcfg = models.setdefault(d, dense_model(model_cfg, d))
+            specs = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
+                               constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
+            plan = plan_sharding(specs, topo, B, optimizer=cfg.optimizer, comms=CommsConfig())
+            predicted[d] = predict_step(plan, dense_spec(mcfg, T), train_cfg.pipeline).step
+            rt = ShardedRuntime(ctx, plan, mcfg, train_cfg, CommsConfig(), feature_names=names,
+                                num_dense=NUM_DENSE)
+            res = run_loop(rt, EpochData(lambda work=None: iter(batches), STEPS), train_cfg)
+            rt.model.embeddings.close()
+            del rt  # the DDP replica goes while the group is alive
+            gc.collect()
+            warm = res.warmup_steps if res.steps > res.warmup_steps else 0
+            step = (res.step_seconds - (res.warmup_seconds if warm else 0.0)) / max(
+                res.steps - warm, 1)
+            mine = torch.tensor([step, res.bytes_per_step.get("inter_host", 0.0)],
+                                dtype=torch.float64)
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+            got[d].append((float(mine[0]), float(mine[1])))
+    return [{"dim": d, "batch": B, "tables": T, "predicted": predicted[d],
+             "seconds": statistics.median(s for s, _ in got[d]),
+             "bytes_across": statistics.median(b for _, b in got[d])} for d in cfg.dims]
