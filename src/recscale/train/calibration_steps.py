@@ -5,7 +5,7 @@ runs, so the work a transfer does on the hosts' own cores (the network stack's c
 interrupts, gloo's threads) hides inside its own wait. A training step overlaps transfers with
 compute (the next batch's input distribution, DDP's gradient all-reduce in the backward), and
 where the cores are busy that work slows the compute instead: on two namespace hosts sharing
-two cores the host jobs' compute ran 4-8 ms a step over the same job's on one host, where the
+two cores the host jobs' compute ran about 4-8 ms a step over the same job's on one host, where the
 exchange-alone fit had found 0.1-1.3 ms. So the link's CPU cost (``Topology.inter_node_cpu_s``
 a step, ``inter_node_cpu_bw``) is fitted on the runtime's own step: the loop, the sharded
 runtime and the pipelined policy a run uses, on synthetic batches, against the step
@@ -20,11 +20,11 @@ from dataclasses import replace
 
 import torch
 
+from recscale.data.criteo import NUM_DENSE
 from recscale.model import ModelConfig
 from recscale.sharding import Topology
 from recscale.train.calibration_config import CalibrationConfig
 
-NUM_DENSE = 13
 STEPS = 12  # per point; the loop's warm-up steps (loop.WARMUP_STEPS) are left out
 
 
