@@ -140,20 +140,20 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s, table
         # the training step across the link, against the host's prediction of it with the
         # link as host 0 measured it: what the link costs the ranks' own cores. Host 0's base
         # and model (the others need neither) decide, for every host
-        topo = [None, model_cfg]
+        decided = [None, model_cfg]  # [the topology to predict on, the dense arch]
         if rank == 0 and base is not None and base.exchange_bw > 0:
-            topo[0] = replace(base.for_world(world_size, 1), inter_node_lat_s=xfit["lat_s"],
-                              inter_node_bw=xfit["bw"],
-                              inter_node_burst_bytes=xfit["burst_bytes"])
-        dist.broadcast_object_list(topo, src=0)
+            decided[0] = replace(base.for_world(world_size, 1), inter_node_lat_s=xfit["lat_s"],
+                                 inter_node_bw=xfit["bw"],
+                                 inter_node_burst_bytes=xfit["burst_bytes"])
+        dist.broadcast_object_list(decided, src=0)
         steps = []
-        if topo[0] is not None:
+        if decided[0] is not None:
             from recscale.distributed import WorkerContext
             from recscale.train.calibration_steps import measure_link_steps
 
             wctx = WorkerContext(rank, world_size, 0, 1, torch.device("cpu"), "gloo",
                                  ctx.sparse_group, timeout_s)
-            steps = measure_link_steps(wctx, cfg, topo[1], tables, topo[0])
+            steps = measure_link_steps(wctx, cfg, decided[1], tables, decided[0])
     finally:
         dist.destroy_process_group()
     fit = fits.fit_comms(pts, world_size)

@@ -63,15 +63,18 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
         "batch_size_per_rank": B, "max_steps": STEPS, "progress": "off", "log_every": 10 * STEPS,
         "num_threads": cfg.num_threads, "checkpoint": {"dir": None},
         "embedding_optimizer": {"name": cfg.optimizer}, "launch": {"world_size": W}}, "train")
+    plans, predicted = {}, {}  # per dim: the dense arch, the plan, and the step predicted
+    for d in cfg.dims:
+        mcfg = dense_model(model_cfg, d)
+        specs = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
+                           constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
+        plans[d] = (mcfg, plan_sharding(specs, topo, B, optimizer=cfg.optimizer,
+                                        comms=CommsConfig()))
+        predicted[d] = predict_step(plans[d][1], dense_spec(mcfg, T), train_cfg.pipeline).step
     got: dict[int, list[tuple[float, float]]] = {d: [] for d in cfg.dims}
-    predicted, models = {}, {}
     for _ in range(cfg.rounds):
         for d in cfg.dims:
-            mcfg = models.setdefault(d, dense_model(model_cfg, d))
-            specs = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
-                               constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
-            plan = plan_sharding(specs, topo, B, optimizer=cfg.optimizer, comms=CommsConfig())
-            predicted[d] = predict_step(plan, dense_spec(mcfg, T), train_cfg.pipeline).step
+            mcfg, plan = plans[d]
             rt = ShardedRuntime(ctx, plan, mcfg, train_cfg, CommsConfig(), feature_names=names,
                                 num_dense=NUM_DENSE)
             res = run_loop(rt, EpochData(lambda work=None: iter(batches), STEPS), train_cfg)
