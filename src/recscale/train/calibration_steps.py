@@ -46,7 +46,7 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
     from recscale.sharding.step_time import predict_step
     from recscale.train.calibrate import dense_model, dense_spec
     from recscale.train.config import TrainConfig
-    from recscale.train.loop import EpochData, run_loop
+    from recscale.train.loop import EpochData, run_loop, steady_per_step
     from recscale.train.runtime import ShardedRuntime
 
     W, B, T = ctx.world_size, max(cfg.batch_sizes), max(tables, 2)
@@ -81,9 +81,8 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
             rt.model.embeddings.close()
             del rt  # the DDP replica goes while the group is alive
             gc.collect()
-            warm = res.warmup_steps if res.steps > res.warmup_steps else 0
-            step = (res.step_seconds - (res.warmup_seconds if warm else 0.0)) / max(
-                res.steps - warm, 1)
+            step = steady_per_step(res.step_seconds, res.warmup_seconds, res.steps,
+                                   res.warmup_steps)
             mine = torch.tensor([step, res.bytes_per_step.get("inter_host", 0.0)],
                                 dtype=torch.float64)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)

@@ -64,6 +64,14 @@ SPLIT_KEYS = ("intra_host", "inter_host", "embedding.intra_host", "embedding.int
 WARMUP_STEPS = 2
 
 
+def steady_per_step(total: float, warmup_total: float, steps: int, warmup_steps: int) -> float:
+    """A rank's per-step mean of ``total`` (seconds over its ``steps``) after its warm-up steps
+    (``warmup_total`` over ``warmup_steps``) where it took more steps than those, else over all
+    of them: the step it runs."""
+    warm = warmup_steps if steps > warmup_steps else 0
+    return (total - (warmup_total if warm else 0.0)) / max(steps - warm, 1)
+
+
 @dataclass
 class RankResult:
     """One rank's run (a plain dict of it crosses the process boundary)."""

@@ -27,7 +27,7 @@ from recscale.model.dlrm import ModelConfig
 from recscale.sharding import ShardingPlan
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.config import TrainConfig
-from recscale.train.loop import SPLIT_KEYS, EpochData, run_loop
+from recscale.train.loop import SPLIT_KEYS, EpochData, run_loop, steady_per_step
 from recscale.train.runtime import ShardedRuntime
 
 
@@ -155,13 +155,11 @@ def summarize(results: dict[int, dict]) -> TrainResult:
     }
     for rank, r in sorted(results.items()):
         steps = max(r["steps"], 1)
-        # the step a rank runs: its mean after the warm-up steps (loop.WARMUP_STEPS) where it
-        # took more, else over all of them
-        warm = r["warmup_steps"] if r["steps"] > r["warmup_steps"] else 0
-        steady = (r["step_seconds"] - r["warmup_seconds"], r["comm_seconds"]
-                  - r["warmup_comm_seconds"]) if warm else (r["step_seconds"], r["comm_seconds"])
-        out[f"rank{rank}.step_ms"] = 1e3 * steady[0] / max(steps - warm, 1)
-        out[f"rank{rank}.comm_ms"] = 1e3 * steady[1] / max(steps - warm, 1)
+        # the step a rank runs: its mean after the warm-up steps (loop.WARMUP_STEPS)
+        out[f"rank{rank}.step_ms"] = 1e3 * steady_per_step(
+            r["step_seconds"], r["warmup_seconds"], r["steps"], r["warmup_steps"])
+        out[f"rank{rank}.comm_ms"] = 1e3 * steady_per_step(
+            r["comm_seconds"], r["warmup_comm_seconds"], r["steps"], r["warmup_steps"])
         out[f"rank{rank}.compute_ms"] = out[f"rank{rank}.step_ms"] - out[f"rank{rank}.comm_ms"]
         out[f"rank{rank}.warmup_ms"] = 1e3 * r["warmup_seconds"] / max(r["warmup_steps"], 1)
         out[f"rank{rank}.bytes_sent_per_step"] = _sent(r)
