@@ -299,8 +299,6 @@ def test_the_lookup_fits_count_each_distinct_row_the_update_writes():
     calibration's grid (uniform ids: nearly every id a distinct row; power-law: a third): the
     in-memory fit recovers every constant, and the cached tier's fit its misses' own per-row
     cost given the in-memory fit for its hits."""
-    import numpy as np
-
     from recscale.train import calibration_fits as fits
 
     rng = np.random.default_rng(0)
