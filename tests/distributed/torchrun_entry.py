@@ -18,7 +18,7 @@ def main(manifest_path: str, plan_path: str, params_path: str, out_path: str) ->
     state, history, metrics, resolved, figures, _report = train_model(manifest, plan, cfg)
     checksum = float(sum(v.double().sum() for v in state.values() if v.is_floating_point()))
     # this process goes on after training (a Kedro run): the memory training kept is the OS's
-    # again, so a freed 64 MiB block is mapped afresh every time
+    # again, so a 64 MiB block is mapped afresh the first time after it
     after = [faults_of_one_step() for _ in range(4)]
     with open(out_path, "w") as fh:
         json.dump({"samples": metrics["samples"]["value"], "checksum": checksum,

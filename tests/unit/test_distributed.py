@@ -118,8 +118,9 @@ print(json.dumps({"threads": threads, "inside": inside, "restored": torch.get_nu
 def test_a_run_in_the_callers_process_gives_its_threads_and_memory_back():
     """threads_for_run (training and calibrating inside the user's Kedro or notebook process)
     keeps the memory a step frees during the run, and afterwards the process has its thread
-    count back and its freed memory goes back to the OS: the same 64 MiB block is mapped afresh
-    (16,384 faults of 4 KiB) as it was before the run."""
+    count back and the memory it kept is the OS's again: the same 64 MiB block is mapped afresh
+    (16,384 faults of 4 KiB) the first time after the run. Later allocations may reuse a free
+    chunk inside the heap without faults, as glibc's defaults do too."""
     import json
     import platform
     import subprocess
@@ -135,7 +136,7 @@ def test_a_run_in_the_callers_process_gives_its_threads_and_memory_back():
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return  # another C library's malloc is left as it is
     assert max(got["during"][-4:]) < 0.05 * BLOCK_PAGES, got["during"]
-    assert min(got["after"]) > 0.9 * BLOCK_PAGES, got["after"]
+    assert got["after"][0] > 0.9 * BLOCK_PAGES, got["after"]
 
 
 @pytest.mark.parametrize("nnodes, why", [
