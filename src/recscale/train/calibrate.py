@@ -218,8 +218,9 @@ def dense_model(model_cfg: ModelConfig, dim: int) -> ModelConfig:
 
 
 def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConfig, progress):
-    """The dense arch's forward + backward + optimizer step at each of ``cfg.dims`` (the
-    interaction's cost grows with the dim far from the MLPs' FLOP rate) and three batch sizes."""
+    """The dense arch's forward + backward (the pooled embeddings' gradient included) + optimizer
+    step at each of ``cfg.dims`` (the interaction's cost grows with the dim far from the MLPs'
+    FLOP rate) and three batch sizes."""
     loss_fn = torch.nn.BCEWithLogitsLoss()
     pts = []
     # three batch sizes at least (a fixed and a per-FLOP cost are fitted), 5 steps each at least
@@ -232,10 +233,13 @@ def _measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConf
         spec = dense_spec(mcfg, num_tables)
         for B in sizes:
             x = torch.randn(B, NUM_DENSE)
-            emb = torch.randn(B, num_tables * d)
+            # the pooled embeddings take a gradient, as in training (the interaction's backward
+            # computes it for the embeddings' own backward)
+            emb = torch.randn(B, num_tables * d, requires_grad=True)
             y = torch.rand(B).round()
 
             def step(i, x=x, emb=emb, y=y, arch=arch, opt=opt):
+                emb.grad = None
                 loss = loss_fn(arch(x, emb), y)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
