@@ -173,7 +173,7 @@ def run_hosts(args, root: Path, manifest, cal2, merged2: Topology) -> list[dict]
         procs = [h.popen(cmd + ["--link-rank", str(i)], **kw) for i, h in enumerate(hosts)]
         outs = [finish(p, f"link calibration on host {i}", 120) for i, p in enumerate(procs)]
         print("\n".join("  " + line for line in outs[0].strip().splitlines()
-                         if line.startswith(("link across", "  the training step"))), flush=True)
+                         if line.startswith(("link across", "  the training step", "  the link's rate"))), flush=True)
         cal_topo = Topology.load(topo_file)
         preps = {}
         for n, (name, (dim, prec)) in enumerate(HOST_CONFIGS.items()):

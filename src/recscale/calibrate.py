@@ -130,10 +130,17 @@ def _link(args, cfg, base, model) -> int:
           "ranks' own CPU beyond one host's: "
           + (f"{cpu_s * 1e3:.2f} ms a step" if cpu_s else "none a step") + " and "
           + (f"a byte sent across per {1 / cpu * 1e9:.2f} ns" if cpu else "none per byte"))
+    if got["rate_fit"]:
+        r = got["rate_fit"]
+        print(f"  the link's rate: the exchange alone {got['exchange_bw'] / 1e6:.1f} MB/s, x "
+              f"{r['factor']:.2f} in the training steps (their communication predicted within "
+              f"{r['fit_rel_err']:.1%} of the step, {r['rel_err_at_1']:.1%} at the exchange's "
+              "rate)")
     for p in got["steps"]:  # what that was fitted on
         print(f"  the training step across the link at dim {p['dim']}: {p['seconds'] * 1e3:.2f} "
-              f"ms measured, {p['predicted'] * 1e3:.2f} ms predicted without the link's CPU "
-              f"cost, {p['bytes_across'] / 1e6:.2f} MB sent across by a rank")
+              f"ms measured ({p['comm'] * 1e3:.2f} communicating), {p['predicted'] * 1e3:.2f} "
+              f"ms predicted without the link's CPU cost ({p['predicted_comm'] * 1e3:.2f}), "
+              f"{p['bytes_across'] / 1e6:.2f} MB sent across by a rank")
     if args.link_rank == 0:
         topo = replace(base, inter_node_lat_s=got["inter_node_lat_s"],
                        inter_node_bw=got["inter_node_bw"], inter_node_cpu_bw=cpu,

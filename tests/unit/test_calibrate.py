@@ -187,9 +187,12 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path, ca
                                inter_node_cpu_bw=0.0) == base
     # the steps it was fitted on, at each dim, on both hosts
     for text in (capsys.readouterr().out, out):
-        assert re.search(r"the training step across the link at dim 16: [0-9.]+ ms measured, "
-                         r"[0-9.]+ ms predicted .*, [0-9.]+ MB sent across", text), text
+        assert re.search(r"the training step across the link at dim 16: [0-9.]+ ms measured "
+                         r"\([0-9.]+ communicating\), [0-9.]+ ms predicted .*\([0-9.]+\), "
+                         r"[0-9.]+ MB sent across", text), text
         assert "the training step across the link at dim 128" in text
+        assert re.search(r"the link's rate: the exchange alone [0-9.]+ MB/s, x [0-9.]+ in the "
+                         r"training steps", text), text
     with pytest.raises(CalibrationError, match=rf"2 hosts did not all reach {ep}"):
         from recscale.train.calibrate import measure_link
 
@@ -226,6 +229,45 @@ def test_the_link_fit_finds_a_rate_limiters_burst_and_none_where_there_is_none()
     assert flat["burst_bytes"] == 0.0 and flat["bw"] == pytest.approx(rate, rel=0.1)
     assert flat["lat_s"] == pytest.approx(lat, rel=0.5)
     assert all(fit_link(points(0.0, noise=0.15))["burst_bytes"] == 0.0 for _ in range(50))
+
+
+def test_the_links_rate_is_the_one_at_which_the_training_steps_communication_is_predicted():
+    """Steps across hosts whose communication is what ``predict_step`` gives at a known multiple
+    of the exchange's rate (with +-3% noise): the fit finds that multiple (within a step of the
+    grid) and, where the steps communicate as predicted at the exchange's own rate, 1."""
+    from recscale.sharding.step_time import DenseSpec, predict_step
+    from recscale.train import calibration_fits as fits
+    from recscale.train.calibration_steps import RATE_FACTORS
+
+    link = dataclasses.replace(Topology.preset("cpu-local", world_size=2, local_world_size=1),
+                               inter_node_bw=6e8, inter_node_lat_s=8e-4, exchange_bw=1.2e9,
+                               dense_flops=1e11)
+    rng = np.random.default_rng(3)
+
+    def points(true, noise):
+        pts = []
+        for d in (16, 128):
+            plan = plan_sharding([TableSpec(f"t{i}", 20000, d, 1.0) for i in range(26)], link,
+                                 1024)
+            dense = DenseSpec.mlps(13, (128, 64, d), 27 * d, (128, 64, 1))
+            at = [predict_step(plan, dense, topology=dataclasses.replace(
+                link, inter_node_bw=link.inter_node_bw * f)) for f in RATE_FACTORS]
+            real = predict_step(plan, dense, topology=dataclasses.replace(
+                link, inter_node_bw=link.inter_node_bw * true))
+            pts.append({"dim": d, "seconds": real.step, "rate_factors": list(RATE_FACTORS),
+                        "comm": max(real.comm) * rng.uniform(1 - noise, 1 + noise),
+                        "predicted_by_rate": [p.step for p in at],
+                        "comm_by_rate": [max(p.comm) for p in at]})
+        return pts
+
+    true = 2 ** (5 / 8)  # on the grid
+    got = fits.fit_link_rate(points(true, 0.0))
+    assert got["factor"] == pytest.approx(true) and got["fit_rel_err"] < 1e-9
+    assert got["rel_err_at_1"] > 0.02  # the exchange's rate alone predicts the steps worse
+    for _ in range(20):
+        assert fits.fit_link_rate(points(true, 0.03))["factor"] == pytest.approx(true, rel=0.1)
+        assert fits.fit_link_rate(points(1.0, 0.03))["factor"] == pytest.approx(1.0, rel=0.1)
+    assert fits.fit_link_rate(points(0.5, 0.0))["factor"] == pytest.approx(0.5)
 
 
 def test_the_links_cpu_cost_is_what_the_training_step_across_hosts_spends_beyond_its_prediction():

@@ -63,10 +63,13 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     sends beyond a burst (``fits.fit_link``: a token bucket's allowance, 0 on a link without
     one): ``{"inter_node_lat_s", "inter_node_bw", "inter_node_burst_bytes", "fit",
     "collectives", "points", "exchange", "inter_node_cpu_s", "inter_node_cpu_bw", "cpu_fit",
-    "steps"}``; with ``base`` (one host's calibrated topology, ``exchange_bw`` measured) the
-    link's extra work on the ranks' own cores a step and per byte sent across, fitted on the
-    training step itself run across the link (``calibration_steps``, ``model_cfg``'s dense arch,
-    default ``ModelConfig()``; ``fits.fit_link_steps``; else both 0). A peer missing for
+    "steps", "rate_fit", "exchange_bw"}``; with ``base`` (one host's calibrated topology,
+    ``exchange_bw`` measured) the training step itself run across the link
+    (``calibration_steps``, ``model_cfg``'s dense arch, default ``ModelConfig()``) sets the
+    link's rate (``inter_node_bw``: the exchange's rate, ``exchange_bw``, x the factor at which
+    the steps' communication is predicted, ``fits.fit_link_rate``) and its extra work on the
+    ranks' own cores a step and per byte sent across (``fits.fit_link_steps``; else both 0,
+    and the rate the exchange's). A peer missing for
     ``timeout_s`` ends it with an error naming the endpoint."""
     from datetime import timedelta
 
@@ -98,7 +101,15 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
         if set_env:
             os.environ.pop("GLOO_SOCKET_IFNAME", None)
     got["inter_node_cpu_bw"], got["inter_node_cpu_s"], got["cpu_fit"] = 0.0, 0.0, None
+    got["rate_fit"], got["exchange_bw"] = None, got["inter_node_bw"]
     if got["steps"]:  # a calibrated host to compare with
+        # the link's rate as the training steps' own communication shows it, then its CPU cost
+        # against the step predicted at that rate
+        got["rate_fit"] = rate = fits.fit_link_rate(got["steps"])
+        got["inter_node_bw"] *= rate["factor"]
+        got["steps"] = [{**p, "predicted": p["predicted_by_rate"][rate["index"]],
+                         "predicted_comm": p["comm_by_rate"][rate["index"]]}
+                        for p in got["steps"]]
         got["cpu_fit"] = fits.fit_link_steps(got["steps"])
         got["inter_node_cpu_bw"] = got["cpu_fit"]["cpu_bw"]
         got["inter_node_cpu_s"] = got["cpu_fit"]["cpu_s"]

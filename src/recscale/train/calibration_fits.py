@@ -195,6 +195,23 @@ def fit_link(pts) -> dict[str, float]:
             "burst_bytes": float(burst), "fit_rel_err": err}
 
 
+def fit_link_rate(pts) -> dict[str, float]:
+    """Training steps across hosts (``calibration_steps.measure_link_steps`` points: their
+    measured communication ``comm``, and ``comm_by_rate``, the communication predicted with the
+    link's rate x each of ``rate_factors``) -> the factor whose prediction is nearest to what
+    the steps counted (the median error relative to each point's step; of factors within half a
+    percent of the best, the one nearest 1): ``{"factor", "index", "fit_rel_err",
+    "rel_err_at_1"}``."""
+    factors = np.array(pts[0]["rate_factors"], dtype=float)
+    err = np.array([np.median([abs(p["comm_by_rate"][i] - p["comm"]) / max(p["seconds"], 1e-12)
+                               for p in pts]) for i in range(len(factors))])
+    near = np.flatnonzero(err <= err.min() + 0.005)
+    i = int(near[np.argmin(np.abs(np.log(factors[near])))])
+    one = int(np.argmin(np.abs(np.log(factors))))
+    return {"factor": float(factors[i]), "index": i, "fit_rel_err": float(err[i]),
+            "rel_err_at_1": float(err[one])}
+
+
 def fit_link_steps(pts) -> dict[str, float]:
     """Training steps across hosts (``calibration_steps.measure_link_steps`` points: the step
     measured, the step predicted on the host's calibration with the link and no CPU cost for

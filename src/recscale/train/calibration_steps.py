@@ -10,7 +10,14 @@ exchange-alone fit had found 0.1-1.3 ms. So the link's CPU cost (``Topology.inte
 a step, ``inter_node_cpu_bw``) is fitted on the runtime's own step: the loop, the sharded
 runtime and the pipelined policy a run uses, on synthetic batches, against the step
 ``predict_step`` gives for the same plan on the host's calibration with the link measured and
-no CPU cost (``calibration_fits.fit_link_steps``)."""
+no CPU cost (``calibration_fits.fit_link_steps``).
+
+The same steps correct the link's rate. The exchange alone across two namespace hosts moved
+0.61-0.70 GB/s a rank, where the training steps' own communication came out 1.3-1.6x under
+what that rate predicts at both dims (on one host the same prediction matched its steps). So
+each point also carries the step's measured communication and the prediction at link rates
+``RATE_FACTORS`` x the measured one; ``calibration_fits.fit_link_rate`` picks the factor whose
+communication matches, and the CPU cost is fitted against the prediction at that rate."""
 
 from __future__ import annotations
 
@@ -26,14 +33,19 @@ from recscale.sharding import Topology
 from recscale.train.calibration_config import CalibrationConfig
 
 STEPS = 12  # per point; the loop's warm-up steps (loop.WARMUP_STEPS) are left out
+# the link rates each point is also predicted at, as factors of the measured one: 1/4 to 4
+RATE_FACTORS = tuple(2.0 ** (k / 8) for k in range(-16, 17))
 
 
 def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tables: int,
                        topo: Topology) -> list[dict]:
     """Per dim of ``cfg.dims`` (each the median of ``cfg.rounds`` runs of ``STEPS`` steps, dims
-    interleaved): the slowest rank's step after the warm-up (``seconds``), the step
-    ``predict_step`` gives on ``topo`` (``predicted``; its ``inter_node_cpu_*`` are set to 0)
-    and the most bytes a rank sent to other hosts a step (``bytes_across``). Table-wise shards
+    interleaved): the slowest rank's step after the warm-up (``seconds``) and the most
+    communication a rank counted in it (``comm``), the step ``predict_step`` gives on ``topo``
+    (``predicted``; its ``inter_node_cpu_*`` are set to 0), the same with ``topo``'s
+    ``inter_node_bw`` x each of ``RATE_FACTORS`` (``predicted_by_rate``, ``comm_by_rate``: the
+    most communication of a rank) and the most bytes a rank sent to other hosts a step
+    (``bytes_across``). Table-wise shards
     of ``tables`` tables of ``cfg.rows`` rows, ``model_cfg``'s dense arch at each dim (DDP), the
     batch ``max(cfg.batch_sizes)`` per rank. Inside the process group of ``ctx`` (one rank per
     host)."""
@@ -70,8 +82,12 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
                            constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
         plans[d] = (mcfg, plan_sharding(specs, topo, B, optimizer=cfg.optimizer,
                                         comms=CommsConfig()))
-        predicted[d] = predict_step(plans[d][1], dense_spec(mcfg, T), train_cfg.pipeline).step
-    got: dict[int, list[tuple[float, float]]] = {d: [] for d in cfg.dims}
+        at = [predict_step(plans[d][1], dense_spec(mcfg, T), train_cfg.pipeline,
+                           topology=replace(topo, inter_node_bw=topo.inter_node_bw * f))
+              for f in RATE_FACTORS]
+        predicted[d] = (predict_step(plans[d][1], dense_spec(mcfg, T), train_cfg.pipeline).step,
+                        [p.step for p in at], [max(p.comm) for p in at])
+    got: dict[int, list[tuple[float, float, float]]] = {d: [] for d in cfg.dims}
     for _ in range(cfg.rounds):
         for d in cfg.dims:
             mcfg, plan = plans[d]
@@ -83,10 +99,15 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
             gc.collect()
             step = steady_per_step(res.step_seconds, res.warmup_seconds, res.steps,
                                    res.warmup_steps)
-            mine = torch.tensor([step, res.bytes_per_step.get("inter_host", 0.0)],
+            comm = steady_per_step(res.comm_seconds, res.warmup_comm_seconds, res.steps,
+                                   res.warmup_steps)
+            mine = torch.tensor([step, comm, res.bytes_per_step.get("inter_host", 0.0)],
                                 dtype=torch.float64)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-            got[d].append((float(mine[0]), float(mine[1])))
-    return [{"dim": d, "batch": B, "tables": T, "predicted": predicted[d],
-             "seconds": statistics.median(s for s, _ in got[d]),
-             "bytes_across": statistics.median(b for _, b in got[d])} for d in cfg.dims]
+            got[d].append((float(mine[0]), float(mine[1]), float(mine[2])))
+    return [{"dim": d, "batch": B, "tables": T, "predicted": predicted[d][0],
+             "seconds": statistics.median(x[0] for x in got[d]),
+             "comm": statistics.median(x[1] for x in got[d]),
+             "bytes_across": statistics.median(x[2] for x in got[d]),
+             "rate_factors": list(RATE_FACTORS), "predicted_by_rate": predicted[d][1],
+             "comm_by_rate": predicted[d][2]} for d in cfg.dims]
