@@ -30,10 +30,10 @@ layout (1 rank; 2 ranks measuring at the same time), with the threads per rank t
 
 ``--hosts 2`` (root: network namespaces) adds jobs across 2 namespace hosts x 1 rank whose link is
 shaped to ``--rate``: the link is calibrated by ``recscale calibrate --link-endpoint`` run in both
-hosts with the jobs' batch and dense arch (its CPU cost fitted on training steps run across the
-link; the rest of the topology is the 2-rank calibration: the same 2 cores), each job runs as a
-user runs one (the driver in host 0 plans on the calibrated file, host 1 runs ``recscale join``),
-and "before" is the preset with 1 rank per host.
+hosts with the jobs' batch and dense arch (its rate and CPU cost fitted on training steps run
+across the link; the rest of the topology is the 2-rank calibration: the same 2 cores), each job
+runs as a user runs one (the driver in host 0 plans on the calibrated file, host 1 runs
+``recscale join``), and "before" is the preset with 1 rank per host.
 
     sudo nice -n 5 .venv/bin/python benchmarks/bench_costmodel.py --hosts 2 --rate 1gbit
 """
@@ -173,7 +173,8 @@ def run_hosts(args, root: Path, manifest, cal2, merged2: Topology) -> list[dict]
         procs = [h.popen(cmd + ["--link-rank", str(i)], **kw) for i, h in enumerate(hosts)]
         outs = [finish(p, f"link calibration on host {i}", 120) for i, p in enumerate(procs)]
         print("\n".join("  " + line for line in outs[0].strip().splitlines()
-                         if line.startswith(("link across", "  the training step", "  the link's rate"))), flush=True)
+                         if line.startswith(("link across", "  the training step",
+                                             "  the link's rate"))), flush=True)
         cal_topo = Topology.load(topo_file)
         preps = {}
         for n, (name, (dim, prec)) in enumerate(HOST_CONFIGS.items()):
