@@ -244,30 +244,38 @@ def test_the_links_rate_is_the_one_at_which_the_training_steps_communication_is_
                                dense_flops=1e11)
     rng = np.random.default_rng(3)
 
-    def points(true, noise):
+    def rate(f):
+        return dataclasses.replace(link, inter_node_bw=link.inter_node_bw * f)
+
+    plans = {}
+    for d in (16, 128):
+        plan = plan_sharding([TableSpec(f"t{i}", 20000, d, 1.0) for i in range(26)], link, 1024)
+        dense = DenseSpec.mlps(13, (128, 64, d), 27 * d, (128, 64, 1))
+        plans[d] = (plan, dense, [predict_step(plan, dense, topology=rate(f))
+                                  for f in RATE_FACTORS])
+
+    def points(true):  # as measure_link_steps records them, the link running at true x
         pts = []
-        for d in (16, 128):
-            plan = plan_sharding([TableSpec(f"t{i}", 20000, d, 1.0) for i in range(26)], link,
-                                 1024)
-            dense = DenseSpec.mlps(13, (128, 64, d), 27 * d, (128, 64, 1))
-            at = [predict_step(plan, dense, topology=dataclasses.replace(
-                link, inter_node_bw=link.inter_node_bw * f)) for f in RATE_FACTORS]
-            real = predict_step(plan, dense, topology=dataclasses.replace(
-                link, inter_node_bw=link.inter_node_bw * true))
-            pts.append({"dim": d, "seconds": real.step, "rate_factors": list(RATE_FACTORS),
-                        "comm": max(real.comm) * rng.uniform(1 - noise, 1 + noise),
+        for d, (plan, dense, at) in plans.items():
+            real = predict_step(plan, dense, topology=rate(true))
+            pts.append({"dim": d, "seconds": real.step, "comm": max(real.comm),
+                        "rate_factors": list(RATE_FACTORS),
                         "predicted_by_rate": [p.step for p in at],
                         "comm_by_rate": [max(p.comm) for p in at]})
         return pts
 
+    def noisy(pts, noise=0.03):
+        return [dict(p, comm=p["comm"] * rng.uniform(1 - noise, 1 + noise)) for p in pts]
+
     true = 2 ** (5 / 8)  # on the grid
-    got = fits.fit_link_rate(points(true, 0.0))
+    faster, same = points(true), points(1.0)
+    got = fits.fit_link_rate(faster)
     assert got["factor"] == pytest.approx(true) and got["fit_rel_err"] < 1e-9
     assert got["rel_err_at_1"] > 0.02  # the exchange's rate alone predicts the steps worse
     for _ in range(20):
-        assert fits.fit_link_rate(points(true, 0.03))["factor"] == pytest.approx(true, rel=0.1)
-        assert fits.fit_link_rate(points(1.0, 0.03))["factor"] == pytest.approx(1.0, rel=0.1)
-    assert fits.fit_link_rate(points(0.5, 0.0))["factor"] == pytest.approx(0.5)
+        assert fits.fit_link_rate(noisy(faster))["factor"] == pytest.approx(true, rel=0.1)
+        assert fits.fit_link_rate(noisy(same))["factor"] == pytest.approx(1.0, rel=0.1)
+    assert fits.fit_link_rate(points(0.5))["factor"] == pytest.approx(0.5)
 
 
 def test_the_links_cpu_cost_is_what_the_training_step_across_hosts_spends_beyond_its_prediction():

@@ -13,8 +13,8 @@ runtime and the pipelined policy a run uses, on synthetic batches, against the s
 no CPU cost (``calibration_fits.fit_link_steps``).
 
 The same steps correct the link's rate. The exchange alone across two namespace hosts moved
-0.61-0.70 GB/s a rank, where the training steps' own communication came out 1.3-1.6x under
-what that rate predicts at both dims (on one host the same prediction matched its steps). So
+0.58-0.66 GB/s a rank, and the host jobs' communication came out 1.4-1.6x under what that rate
+predicts (on one host the same prediction matched the 2-rank jobs' steps). So
 each point also carries the step's measured communication and the prediction at link rates
 ``RATE_FACTORS`` x the measured one; ``calibration_fits.fit_link_rate`` picks the factor whose
 communication matches, and the CPU cost is fitted against the prediction at that rate."""
