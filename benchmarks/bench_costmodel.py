@@ -284,10 +284,12 @@ def _run(args, root: Path) -> int:
     T = len(manifest["table_sizes"])
     layouts = sorted({spec[0] for spec in CONFIGS.values()})
 
-    def cal_cfg(rounds, min_seconds=0.0):
+    def cal_cfg(rounds, min_seconds=0.0):  # the in-memory tier on the data's tables, as the
+        # sharding pipeline's calibrate node measures it
         return CalibrationConfig(scratch_dir=scratch, num_threads=args.threads,
                                  batch_sizes=batch_sizes_for(args.batch), rounds=rounds,
-                                 min_seconds=min_seconds)
+                                 min_seconds=min_seconds,
+                                 table_rows=tuple(int(n) for n in manifest["table_sizes"]))
 
     def base(ws):
         return Topology.preset("cpu-local", world_size=ws)

@@ -344,6 +344,42 @@ def test_calibration_measures_at_the_runs_batch(monkeypatch):
         batch_sizes_for(4)
 
 
+def test_the_in_memory_tier_is_measured_on_the_runs_tables(tmp_path, monkeypatch):
+    """With ``table_rows`` (the sharding pipeline passes its dataset's) the in-memory module
+    holds tables of those sizes, each feature's ids drawn in its own table's rows; scaled down
+    alike past the byte budget; a bad entry is refused naming the key."""
+    import recscale.embedding.tbe as tbe
+    from recscale.train.calibration_config import MEMORY_MODULE_BYTES, memory_tables
+
+    built, real = [], tbe.FusedEmbeddingBags
+
+    def recording(rows, dims, *a, **k):
+        built.append(list(rows))
+        mod = real(rows, dims, *a, **k)
+        forward = mod.forward
+
+        def checked(sparse):  # every id inside its own table
+            per = sparse.values.split(sparse.lengths.sum(1).tolist())
+            assert all(int(v.max()) < n for v, n in zip(per, rows) if v.numel())
+            return forward(sparse)
+
+        mod.forward = checked
+        return mod
+
+    monkeypatch.setattr(tbe, "FusedEmbeddingBags", recording)
+    cfg = dataclasses.replace(TINY, scratch_dir=str(tmp_path), tiers=("memory",), rounds=1,
+                              max_rounds=1, min_seconds=0, table_rows=(40, 3000, 120))
+    calibrate(ONE, cfg)
+    assert built and all(rows == [40, 3000, 120] for rows in built)
+    assert memory_tables(TINY) == [2000, 2000]
+    huge = dataclasses.replace(TINY, dims=(16, 128), table_rows=(10, 10**6, 10**8))
+    rows = memory_tables(huge)
+    assert sum(rows) * 128 * 4 <= MEMORY_MODULE_BYTES and rows[0] == 1
+    assert rows[2] / rows[1] == pytest.approx(100, rel=1e-3)
+    with pytest.raises(ConfigError, match=r"calibration.table_rows.*positive integers"):
+        dataclasses.replace(TINY, table_rows=(10, 0))
+
+
 def test_the_lookup_fits_count_each_distinct_row_the_update_writes():
     """Points made from known constants, the update's cost per distinct row included, over the
     calibration's grid (uniform ids: nearly every id a distinct row; power-law: a third): the

@@ -75,6 +75,7 @@ from recscale.train.calibration_config import (  # noqa: F401  (re-exported: the
     Sweeps,
     check_writable,
     median_of_rounds,
+    memory_tables,
 )
 from recscale.train.calibration_config import median_time as _median_time
 
@@ -113,27 +114,32 @@ def _ids(n: int, rows: int, skew: float, g: torch.Generator,
     return ids if perm is None else perm[ids]
 
 
-def _batch(T: int, B: int, L: int, rows: int, g: torch.Generator, skew: float = 0.0,
-           perm: torch.Tensor | None = None) -> tuple[SparseFeatures, int]:
-    """A batch of ``T`` features (``L`` ids per sample) and its distinct ids (per table)."""
+def _batch(B: int, L: int, rows: list[int], g: torch.Generator, skew: float = 0.0,
+           perms: list[torch.Tensor] | None = None) -> tuple[SparseFeatures, int]:
+    """A batch of one feature per table of ``rows`` (``L`` ids per sample, each table's drawn
+    in its own rows) and its distinct ids (per table)."""
+    T = len(rows)
     lengths = torch.full((T, B), L, dtype=torch.int64)
-    values = _ids(T * B * L, rows, skew, g, perm)
+    values = torch.cat([_ids(B * L, n, skew, g, None if perms is None else perms[t])
+                        for t, n in enumerate(rows)])
     distinct = sum(int(v.unique().numel()) for v in values.view(T, B * L))
     return SparseFeatures(("",) * T, values, lengths), distinct
 
 
-def _measure_module(make, cfg: CalibrationConfig, T: int, rows: int, progress) -> list[dict]:
+def _measure_module(make, cfg: CalibrationConfig, rows: list[int], progress) -> list[dict]:
+    """``make(optimizer, rows, dim)``: the module of tables of ``rows`` to time, per dim."""
     from recscale.embedding.tbe import EmbeddingOptimizerConfig
 
     opt = EmbeddingOptimizerConfig(name=cfg.optimizer)
     pts = []
+    T = len(rows)
     g = torch.Generator().manual_seed(0)
-    perm = torch.randperm(rows, generator=g)
+    perms = [torch.randperm(n, generator=g) for n in rows]
     for d in cfg.dims:
-        mod = make(opt, T, rows, d)
+        mod = make(opt, rows, d)
         try:
             for L, B, skew in itertools.product(cfg.poolings, cfg.batch_sizes, cfg.skews):
-                drawn = [_batch(T, B, L, rows, g, skew, perm) for _ in range(cfg.reps + 1)]
+                drawn = [_batch(B, L, rows, g, skew, perms) for _ in range(cfg.reps + 1)]
                 batches = [b for b, _ in drawn]
                 distinct = statistics.mean(n for _, n in drawn[1:])
                 before = mod.tier_stats() if hasattr(mod, "tier_stats") else {}
@@ -278,20 +284,20 @@ def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int
             sync()
 
     pts = {"memory": _measure_module(
-        lambda o, T, R, d: FusedEmbeddingBags([R] * T, [d] * T, o), cfg, cfg.tables, cfg.rows,
+        lambda o, rows, d: FusedEmbeddingBags(rows, [d] * len(rows), o), cfg, memory_tables(cfg),
         tick)}
     for tier in ("ddr", "ssd"):
         if tier not in cfg.tiers:
             continue
         tcfg = TierConfig(tier=tier, scratch_dir=store, min_cache_rows=64, prefetch=False)
 
-        def make(o, T, R, d, tcfg=tcfg):
-            return TieredEmbeddingBags([R], [d], o, config=tcfg,
-                                       cache_fractions=[cfg.cache_fraction])
+        def make(o, rows, d, tcfg=tcfg):
+            return TieredEmbeddingBags(rows, [d] * len(rows), o, config=tcfg,
+                                       cache_fractions=[cfg.cache_fraction] * len(rows))
 
         rows = max(cfg.cache_rows, int(2 * max(cfg.batch_sizes) * max(cfg.poolings)
                                        / cfg.cache_fraction))
-        pts[f"{tier}_cache"] = _measure_module(make, replace(cfg, tables=1), 1, rows, tick)
+        pts[f"{tier}_cache"] = _measure_module(make, cfg, [rows], tick)
     pts["dense"] = _measure_dense(model_cfg, num_tables, cfg, tick)
     pts["assembly"] = _measure_assembly(cfg, num_tables, world, tick)
     return pts

@@ -31,6 +31,12 @@ class CalibrationConfig(Validated):
     batch_sizes: tuple[int, ...] = (256, 2048)
     tables: int = 4  # tables per in-memory module
     rows: int = 20000  # rows per in-memory table
+    # the run's tables' rows (the sharding pipeline passes its dataset's): the in-memory tier is
+    # then measured on tables of these sizes, all scaled down alike to at most
+    # MEMORY_MODULE_BYTES at the widest dim, instead of ``tables`` x ``rows``. A lookup's cost
+    # per id grows with the tables' size (rows leave the caches): 200,000-row tables ran 14-19%
+    # slower per id than 20,000-row ones here
+    table_rows: tuple[int, ...] = ()
     cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
     cache_fraction: float = 0.2
     tiers: tuple[str, ...] = ("memory", "ddr", "ssd")
@@ -73,6 +79,8 @@ class CalibrationConfig(Validated):
               f"{prefix}.max_rounds", self.max_rounds, f"an integer >= rounds ({self.rounds})")
         check(self.reps >= 1 and self.tables >= 1 and self.rows >= 1000, f"{prefix}.reps",
               self.reps, ">= 1 (and tables >= 1, rows >= 1000)")
+        check(all(isinstance(x, int) and x > 0 for x in self.table_rows), f"{prefix}.table_rows",
+              self.table_rows, "positive integers (rows per table; empty: tables x rows)")
         check(isinstance(self.comms, bool), f"{prefix}.comms", self.comms, "true or false")
         check(len(self.skews) >= 1 and all(isinstance(x, (int, float)) and 0 <= x <= 3
                                            for x in self.skews),
@@ -80,6 +88,21 @@ class CalibrationConfig(Validated):
         check(self.num_threads is None or (isinstance(self.num_threads, int)
                                            and self.num_threads > 0),
               f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
+
+
+# the in-memory module measured on the run's tables holds at most this many bytes of weights at the
+# widest calibrated dim (each of a host's ranks holds one)
+MEMORY_MODULE_BYTES = 512 << 20
+
+
+def memory_tables(cfg: CalibrationConfig) -> list[int]:
+    """Rows of each table of the in-memory module calibration measures: ``cfg.table_rows``
+    scaled down alike to ``MEMORY_MODULE_BYTES`` at the widest dim, or ``cfg.tables`` x
+    ``cfg.rows``."""
+    if not cfg.table_rows:
+        return [cfg.rows] * cfg.tables
+    scale = min(1.0, MEMORY_MODULE_BYTES / (sum(cfg.table_rows) * max(cfg.dims) * 4))
+    return [max(1, int(r * scale)) for r in cfg.table_rows]
 
 
 def batch_sizes_for(batch_size_per_rank: int) -> tuple[int, int]:

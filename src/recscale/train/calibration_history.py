@@ -17,8 +17,9 @@ from recscale.train.calibration_config import CalibrationConfig, CalibrationErro
 
 # what names a calibration's points (the same list of points in the same order): calibrations that
 # agree on these can be merged; the rest (reps, rounds, timing, scratch directory) may differ
-_IDENTITY = ("dims", "poolings", "skews", "batch_sizes", "tables", "rows", "cache_rows",
-             "cache_fraction", "tiers", "comm_sizes", "comms", "num_threads", "optimizer")
+_IDENTITY = ("dims", "poolings", "skews", "batch_sizes", "tables", "rows", "table_rows",
+             "cache_rows", "cache_fraction", "tiers", "comm_sizes", "comms", "num_threads",
+             "optimizer")
 
 
 def points_path(topology_path) -> str:

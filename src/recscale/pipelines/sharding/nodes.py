@@ -32,7 +32,8 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
                              optimizer=train.embedding_optimizer.name,
                              num_threads=train.num_threads,
                              comms=base.local_world_size > 1,
-                             min_seconds=float(sh.calibration_seconds))
+                             min_seconds=float(sh.calibration_seconds),
+                             table_rows=tuple(int(n) for n in dataset_manifest["table_sizes"]))
     T = len(dataset_manifest["table_sizes"])
     cal = calibrate(base, ccfg, cfg.model, T, sh.options.weight_precision,
                     progress_mode=train.progress)
