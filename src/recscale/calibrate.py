@@ -47,9 +47,13 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1024, help="the run's batch per rank: measured "
                    "at it and a quarter of it (a step is not linear in the batch far from it; "
                    "default %(default)s)")
-    p.add_argument("--tables", type=int, default=26, help="the run's tables: the exchange is "
-                   "measured with as many, so its messages are the size a step sends "
-                   "(default %(default)s)")
+    p.add_argument("--tables", type=int, default=None, help="the run's tables: the exchange is "
+                   "measured with as many, so its messages are the size a step sends (default: "
+                   "as many as --table-rows gives, else 26)")
+    p.add_argument("--table-rows", type=_ints, default=(), help="the run's tables' rows, "
+                   "comma-separated (a dataset manifest's table_sizes): the in-memory tier is "
+                   "measured on tables of these sizes (a lookup's cost per id grows with them; "
+                   "default: 4 tables of 20,000 rows)")
     p.add_argument("--bottom-mlp", type=_ints, default=None, help="the run's bottom MLP widths "
                    "(model.bottom_mlp; default ModelConfig's): the dense step is measured with it")
     p.add_argument("--top-mlp", type=_ints, default=None, help="the run's top MLP widths "
@@ -75,6 +79,8 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other "
                    "hosts (default %(default)s)")
     args = p.parse_args(argv)
+    if args.tables is None:
+        args.tables = len(args.table_rows) or 26
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -93,7 +99,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                                 scratch_dir=args.scratch_dir,
                                 batch_sizes=batch_sizes_for(args.batch),
                                 tiers=tuple(t for t in args.tiers.split(",") if t),
-                                comms=not args.no_comms)
+                                comms=not args.no_comms, table_rows=tuple(args.table_rows))
         base = (Topology.load(args.base) if args.base.endswith((".yml", ".yaml", ".json"))
                 else Topology.preset(args.base, local_world_size=args.ranks_per_host))
         model = ModelConfig(**{k: v for k, v in (("bottom_mlp", args.bottom_mlp),

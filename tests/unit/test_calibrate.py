@@ -327,17 +327,22 @@ def test_calibration_measures_at_the_runs_batch(monkeypatch):
 
     seen = []
 
-    def fake(base, cfg, *args, **kwargs):
+    def fake(base, cfg, model_cfg, num_tables, *args, **kwargs):
         seen.append((cfg.batch_sizes, cfg.min_seconds))
+        tables.append((cfg.table_rows, num_tables))
         raise CalibrationError("stop here")
 
+    tables = []
     monkeypatch.setattr(cal_mod, "calibrate", fake)
     cfg = parse(DLRMConfig, {"sharding": {"calibrate": True, "calibration_seconds": 7},
                              "train": {"batch_size_per_rank": 512, "progress": "off"}}, "")
     with pytest.raises(CalibrationError, match="stop here"):
-        calibrate_topology({"table_sizes": [100] * 26}, cfg)
+        calibrate_topology({"table_sizes": [100 + i for i in range(26)]}, cfg)
     assert calibrate_main(["--batch", "2000", "--progress", "off", "--out", "/nonexistent/t.yml"]) == 2
     assert seen == [((128, 512), 7.0), ((500, 2000), 20.0)]  # the CLI's default: 20 s
+    # the in-memory tier on the run's tables: the node's dataset, the CLI's --table-rows
+    assert calibrate_main(["--table-rows", "10,2000,300", "--progress", "off"]) == 2
+    assert tables == [(tuple(100 + i for i in range(26)), 26), ((), 26), ((10, 2000, 300), 3)]
     with pytest.raises(ConfigError, match=r"sharding\.calibration_seconds=-2(\.0)? "):
         parse(DLRMConfig, {"sharding": {"calibration_seconds": -2}}, "")
     with pytest.raises(ConfigError, match=r"train\.batch_size_per_rank=4 .* at least 8"):
