@@ -351,8 +351,9 @@ def test_calibration_measures_at_the_runs_batch(monkeypatch):
 
 def test_the_in_memory_tier_is_measured_on_the_runs_tables(tmp_path, monkeypatch):
     """With ``table_rows`` (the sharding pipeline passes its dataset's) the in-memory module
-    holds tables of those sizes, each feature's ids drawn in its own table's rows; scaled down
-    alike past the byte budget; a bad entry is refused naming the key."""
+    holds tables of those sizes (each of a host's ranks its share of their rows), each
+    feature's ids drawn in its own table's rows; scaled down alike past the byte budget; a bad
+    entry is refused naming the key."""
     import recscale.embedding.tbe as tbe
     from recscale.train.calibration_config import MEMORY_MODULE_BYTES, memory_tables
 
@@ -377,6 +378,8 @@ def test_the_in_memory_tier_is_measured_on_the_runs_tables(tmp_path, monkeypatch
     calibrate(ONE, cfg)
     assert built and all(rows == [40, 3000, 120] for rows in built)
     assert memory_tables(TINY) == [2000, 2000]
+    # each of a host's 2 ranks, measuring at once, holds about half of the tables' rows
+    assert memory_tables(dataclasses.replace(TINY, table_rows=(1000, 3000)), 2) == [500, 1500]
     huge = dataclasses.replace(TINY, dims=(16, 128), table_rows=(10, 10**6, 10**8))
     rows = memory_tables(huge)
     assert sum(rows) * 128 * 4 <= MEMORY_MODULE_BYTES and rows[0] == 1

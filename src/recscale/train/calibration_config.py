@@ -32,8 +32,9 @@ class CalibrationConfig(Validated):
     tables: int = 4  # tables per in-memory module
     rows: int = 20000  # rows per in-memory table
     # the run's tables' rows (the sharding pipeline passes its dataset's): the in-memory tier is
-    # then measured on tables of these sizes, all scaled down alike to at most
-    # MEMORY_MODULE_BYTES at the widest dim, instead of ``tables`` x ``rows``. A lookup's cost
+    # then measured on tables of these sizes (each of a host's ranks its share of their rows),
+    # scaled down alike to at most MEMORY_MODULE_BYTES at the widest dim, instead of ``tables``
+    # x ``rows`` (``memory_tables``). A lookup's cost
     # per id grows with the tables' size (rows leave the caches): 200,000-row tables ran 14-19%
     # slower per id than 20,000-row ones here
     table_rows: tuple[int, ...] = ()
@@ -95,13 +96,14 @@ class CalibrationConfig(Validated):
 MEMORY_MODULE_BYTES = 512 << 20
 
 
-def memory_tables(cfg: CalibrationConfig) -> list[int]:
-    """Rows of each table of the in-memory module calibration measures: ``cfg.table_rows``
-    scaled down alike to ``MEMORY_MODULE_BYTES`` at the widest dim, or ``cfg.tables`` x
-    ``cfg.rows``."""
+def memory_tables(cfg: CalibrationConfig, ranks: int = 1) -> list[int]:
+    """Rows of each table of the in-memory module each of a host's ``ranks`` measures (at the
+    same time): ``cfg.table_rows`` / ``ranks`` (a rank holds about that share of the tables'
+    rows, and the host's ranks share its caches), scaled down alike to ``MEMORY_MODULE_BYTES``
+    at the widest dim; or ``cfg.tables`` x ``cfg.rows``."""
     if not cfg.table_rows:
         return [cfg.rows] * cfg.tables
-    scale = min(1.0, MEMORY_MODULE_BYTES / (sum(cfg.table_rows) * max(cfg.dims) * 4))
+    scale = min(1.0 / ranks, MEMORY_MODULE_BYTES / (sum(cfg.table_rows) * max(cfg.dims) * 4))
     return [max(1, int(r * scale)) for r in cfg.table_rows]
 
 
