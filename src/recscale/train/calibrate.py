@@ -284,8 +284,8 @@ def _measure_all(cfg: CalibrationConfig, model_cfg: ModelConfig, num_tables: int
             sync()
 
     pts = {"memory": _measure_module(
-        lambda o, rows, d: FusedEmbeddingBags(rows, [d] * len(rows), o), cfg, memory_tables(cfg, world),
-        tick)}
+        lambda o, rows, d: FusedEmbeddingBags(rows, [d] * len(rows), o), cfg,
+        memory_tables(cfg, world), tick)}
     for tier in ("ddr", "ssd"):
         if tier not in cfg.tiers:
             continue

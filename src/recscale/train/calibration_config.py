@@ -34,9 +34,8 @@ class CalibrationConfig(Validated):
     # the run's tables' rows (the sharding pipeline passes its dataset's): the in-memory tier is
     # then measured on tables of these sizes (each of a host's ranks its share of their rows),
     # scaled down alike to at most MEMORY_MODULE_BYTES at the widest dim, instead of ``tables``
-    # x ``rows`` (``memory_tables``). A lookup's cost
-    # per id grows with the tables' size (rows leave the caches): 200,000-row tables ran 14-19%
-    # slower per id than 20,000-row ones here
+    # x ``rows`` (``memory_tables``). A lookup's cost per id grows with the tables' size (rows
+    # leave the caches): 200,000-row tables ran 14-19% slower per id than 20,000-row ones here
     table_rows: tuple[int, ...] = ()
     cache_rows: int = 50000  # rows of the one cached table (DDR / SSD-backed)
     cache_fraction: float = 0.2
