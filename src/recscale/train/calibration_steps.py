@@ -85,7 +85,7 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
         at = [predict_step(plans[d][1], dense_spec(mcfg, T), train_cfg.pipeline,
                            topology=replace(topo, inter_node_bw=topo.inter_node_bw * f))
               for f in RATE_FACTORS]
-        predicted[d] = (predict_step(plans[d][1], dense_spec(mcfg, T), train_cfg.pipeline).step,
+        predicted[d] = (at[RATE_FACTORS.index(1.0)].step,  # at the link's measured rate
                         [p.step for p in at], [max(p.comm) for p in at])
     got: dict[int, list[tuple[float, float, float]]] = {d: [] for d in cfg.dims}
     for _ in range(cfg.rounds):
