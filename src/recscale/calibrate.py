@@ -158,7 +158,19 @@ def _link(args, cfg, base, model) -> int:
 
 def format_calibration(cal) -> str:
     """The fitted constants, one line per part."""
+    from recscale.train.calibration_steps import predict_host_steps
+
     lines = []
     for part, fit in cal.fits.items():
         lines.append(f"{part:>12}: " + ", ".join(f"{k} {v:.3g}" for k, v in fit.items()))
+    if "host_steps" in cal.fits:  # what the exchange's work was fitted on
+        f = cal.fits["host_steps"]
+        lines.append(f"  the exchange's work: x {1 / f['factor']:.2f} the exchange alone's in "
+                     f"the training steps (predicted within {f['fit_rel_err']:.1%} of the step, "
+                     f"{f['rel_err_at_1']:.1%} at the exchange alone's)")
+        for p in predict_host_steps(cal.points["host_steps"], cal.topology):
+            lines.append(f"  the training step on this host at dim {p['dim']}: "
+                         f"{p['seconds'] * 1e3:.2f} ms measured ({p['comm'] * 1e3:.2f} "
+                         f"communicating), {p['predicted'] * 1e3:.2f} ms predicted "
+                         f"({p['predicted_comm'] * 1e3:.2f})")
     return "\n".join(lines)

@@ -589,3 +589,53 @@ def test_two_ranks_measure_the_runs_exchange_at_the_runs_sizes(tmp_path):
     assert all(p["bytes"] > 0 and p["calls"] >= 4 for p in pts)
     topo = cal.topology
     assert topo.intra_node_bw > 0 and topo.exchange_bw > 0 and topo.local_world_size == 2
+    # the runtime's training steps on the host's ranks, and the exchange's work fitted on them
+    steps = cal.points["host_steps"]
+    assert [(p["dim"], p["batch"], p["tables"], p["ranks"]) for p in steps] == [(16, 256, 6, 2)]
+    assert all(p["seconds"] > p["comm"] > 0 for p in steps)
+    f = cal.fits["host_steps"]
+    assert topo.exchange_bw == pytest.approx(cal.fits["exchange"]["cpu_bw"] * f["factor"])
+    assert f["fit_rel_err"] <= f["rel_err_at_1"]
+    assert "calibration.host_steps.factor" in cal.metrics()
+
+
+def test_the_exchanges_work_is_the_one_at_which_the_hosts_training_steps_are_predicted():
+    """Steps on one host measured as ``predict_step`` gives them with the exchange's work per
+    byte at a known multiple of the exchange alone's (+-3% noise): the fit finds that multiple;
+    steps as predicted keep the exchange alone's (1). (The 2-rank calibration test checks that
+    the topology gets the factor.)"""
+    from recscale.config import to_dict
+    from recscale.model import ModelConfig
+    from recscale.sharding.step_time import predict_step
+    from recscale.train import calibration_fits as fits
+    from recscale.train.calibrate import dense_spec
+    from recscale.train.calibration_steps import predict_host_steps, step_plan
+
+    host = dataclasses.replace(Topology.preset("cpu-local", world_size=2),
+                               ddr_id_s=8e-8, ddr_op_s=5e-4, bag_s=6e-8, assemble_s=3e-9,
+                               exchange_op_s=1e-3, exchange_bw=8e8, dense_flops=1e11)
+    model = ModelConfig(embedding_dim=16, bottom_mlp=(128, 64, 16), top_mlp=(128, 64, 1))
+    rng = np.random.default_rng(7)
+
+    def measured(true, noise=0.0):  # as measure_host_steps records them
+        pts = []
+        for d in (16, 128):
+            mcfg, plan = step_plan(model, d, 26, 20000, 1024, "exact_rowwise_adagrad",
+                                   Topology.preset("cpu-local", world_size=2))
+            real = predict_step(plan, dense_spec(mcfg, 26), True, topology=dataclasses.replace(
+                host, exchange_bw=host.exchange_bw * true))
+            pts.append({"dim": d, "batch": 1024, "tables": 26, "rows": 20000, "ranks": 2,
+                        "optimizer": "exact_rowwise_adagrad", "model": to_dict(model),
+                        "seconds": real.step * rng.uniform(1 - noise, 1 + noise),
+                        "comm": max(real.comm)})
+        return pts
+
+    true = 2 ** (3 / 8)
+    got = fits.fit_exchange_work(predict_host_steps(measured(true), host))
+    assert got["factor"] == pytest.approx(true) and got["fit_rel_err"] < 1e-9
+    assert got["rel_err_at_1"] > 0.01  # the exchange alone's work predicts the steps worse
+    for _ in range(10):
+        noisy = predict_host_steps(measured(true, 0.03), host)
+        assert fits.fit_exchange_work(noisy)["factor"] == pytest.approx(true, rel=0.25)
+        same = predict_host_steps(measured(1.0, 0.03), host)
+        assert fits.fit_exchange_work(same)["factor"] == pytest.approx(1.0, rel=0.25)

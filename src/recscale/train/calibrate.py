@@ -26,7 +26,9 @@ repetitions after a warm-up, on the slowest rank:
   runtime's own exchange (``ShardedEmbeddingCollection``, table-wise shards, forward + backward):
   its communication as ``CommStats`` counts it (what a run reports) gives ``intra_node_lat_s`` and
   ``intra_node_bw``, the rest of its step beyond the lookups gives ``exchange_op_s`` and
-  ``exchange_bw`` (the exchange's work on the rank's cores). Across hosts: ``measure_link``, one
+  ``exchange_bw`` (the exchange's work on the rank's cores), which the runtime's own training
+  steps on the host's ranks then correct (``calibration_steps.measure_host_steps``: what the
+  exchange costs where the step overlaps it). Across hosts: ``measure_link``, one
   process per host (``recscale calibrate --link-endpoint``), gives ``inter_node_lat_s`` and
   ``inter_node_bw``.
 - the dense arch (bottom MLP, interaction, top MLP) forward + backward + optimizer step of the
@@ -78,6 +80,7 @@ from recscale.train.calibration_config import (  # noqa: F401  (re-exported: the
     memory_tables,
 )
 from recscale.train.calibration_config import median_time as _median_time
+from recscale.train.calibration_steps import measure_host_steps, predict_host_steps
 
 NUM_DENSE = 13
 
@@ -334,7 +337,14 @@ def _calibration_rank(ctx, cfg_d, model_d, num_tables, store, mode):
                 pts["exchange"] = _measure_exchange(ctx, cfg, num_tables)
             sweeps.append(pts)
             count.finished_one()
-    return median_of_rounds(sweeps), count.done
+    pts = median_of_rounds(sweeps)
+    if cfg.comms:  # the runtime's steps over the exchange, against which its work is fitted
+        if ctx.rank == 0 and mode != "off":  # the progress bar's logger, as its lines
+            logging.getLogger("recscale.progress").info(
+                "calibrate: the training step on this host's %d ranks, dims %s, %d round(s)",
+                ctx.world_size, ",".join(map(str, cfg.dims)), cfg.rounds)
+        pts["host_steps"] = measure_host_steps(ctx, cfg, model_cfg, num_tables)
+    return pts, count.done
 
 
 @worker_entry
@@ -448,6 +458,10 @@ def fit_calibration(base: Topology, pts: dict[str, list[dict]],
         x = out.fits["exchange"]
         kw.update(intra_node_bw=x["bw"], intra_node_lat_s=x["lat_s"], exchange_op_s=x["op_s"],
                   exchange_bw=x["cpu_bw"], codec_s=x["codec_s"])
+        if pts.get("host_steps"):  # the exchange's work as the training steps show it
+            steps = predict_host_steps(pts["host_steps"], replace(base, **kw))
+            f = out.fits["host_steps"] = fits.fit_exchange_work(steps)
+            kw["exchange_bw"] = x["cpu_bw"] * f["factor"]
     kw["name"] = base.name if base.name.endswith("-calibrated") else f"{base.name}-calibrated"
     out.topology = replace(base, **kw)
     return out

@@ -202,8 +202,23 @@ def fit_link_rate(pts) -> dict[str, float]:
     the steps counted (the median error relative to each point's step; of factors within half a
     percent of the best, the one nearest 1): ``{"factor", "index", "fit_rel_err",
     "rel_err_at_1"}``."""
+    return _nearest_factor(pts, "comm_by_rate", "comm")
+
+
+def fit_exchange_work(pts) -> dict[str, float]:
+    """Training steps on one host (``calibration_steps.predict_host_steps`` points: the step
+    measured, ``seconds``, and ``predicted_by_rate``, the step predicted with the exchange's work
+    per byte, ``exchange_bw``, x each of ``rate_factors``) -> the factor whose predicted step is
+    nearest to the measured one, as ``fit_link_rate`` picks it."""
+    return _nearest_factor(pts, "predicted_by_rate", "seconds")
+
+
+def _nearest_factor(pts, by_rate: str, measured: str) -> dict[str, float]:
+    """The factor of ``rate_factors`` whose prediction ``by_rate`` is nearest to ``measured``
+    (the median error relative to each point's step; of factors within half a percent of the
+    best, the one nearest 1)."""
     factors = np.array(pts[0]["rate_factors"], dtype=float)
-    err = np.array([np.median([abs(p["comm_by_rate"][i] - p["comm"]) / max(p["seconds"], 1e-12)
+    err = np.array([np.median([abs(p[by_rate][i] - p[measured]) / max(p["seconds"], 1e-12)
                                for p in pts]) for i in range(len(factors))])
     near = np.flatnonzero(err <= err.min() + 0.005)
     i = int(near[np.argmin(np.abs(np.log(factors[near])))])

@@ -1,4 +1,5 @@
-"""The training step itself across the link between hosts, for the link's calibration.
+"""The training step itself, on one host's ranks and across the link between hosts, for the
+calibration of the exchange's work and of the link.
 
 The exchange alone (``calibration_comms._measure_exchange``) times the link while nothing else
 runs, so the work a transfer does on the hosts' own cores (the network stack's copies and
@@ -17,7 +18,15 @@ The same steps correct the link's rate. The exchange alone across two namespace 
 predicts (on one host the same prediction matched the 2-rank jobs' steps). So
 each point also carries the step's measured communication and the prediction at link rates
 ``RATE_FACTORS`` x the measured one; ``calibration_fits.fit_link_rate`` picks the factor whose
-communication matches, and the CPU cost is fitted against the prediction at that rate."""
+communication matches, and the CPU cost is fitted against the prediction at that rate.
+
+On one host (``measure_host_steps``, in a calibration of 2 or more ranks a host) the same steps
+correct the exchange's work on the ranks' cores (``exchange_bw``). The exchange alone measures
+it with the ranks in lock-step and nothing to overlap; the runtime's steps on two ranks of the
+2-vCPU machine came out 2.5-5.5% under their prediction at dim 128 (about on it at dim 16), in
+three calibrations. ``calibration_fits.fit_exchange_work`` picks the factor of ``RATE_FACTORS``
+for ``exchange_bw`` whose predicted steps match (``predict_host_steps`` predicts them again on
+any topology of the host, so a merge of calibrations refits it on its own constants)."""
 
 from __future__ import annotations
 
@@ -49,20 +58,116 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
     of ``tables`` tables of ``cfg.rows`` rows, ``model_cfg``'s dense arch at each dim (DDP), the
     batch ``max(cfg.batch_sizes)`` per rank. Inside the process group of ``ctx`` (one rank per
     host)."""
+    from recscale.sharding.step_time import predict_step
+    from recscale.train.calibrate import dense_spec
+
+    B, T = max(cfg.batch_sizes), max(tables, 2)
+    topo = replace(topo, inter_node_cpu_s=0.0, inter_node_cpu_bw=0.0)
+    train_cfg = _train_config(ctx, cfg)
+    plans, predicted = {}, {}  # per dim: the dense arch, the plan, and the step predicted
+    for d in cfg.dims:
+        mcfg, plan = step_plan(model_cfg, d, T, cfg.rows, B, cfg.optimizer, topo)
+        plans[d] = (mcfg, plan)
+        at = [predict_step(plan, dense_spec(mcfg, T), train_cfg.pipeline,
+                           topology=replace(topo, inter_node_bw=topo.inter_node_bw * f))
+              for f in RATE_FACTORS]
+        predicted[d] = (at[RATE_FACTORS.index(1.0)].step,  # at the link's measured rate
+                        [p.step for p in at], [max(p.comm) for p in at])
+    got = _run_steps(ctx, cfg, train_cfg, plans, T)
+    return [{"dim": d, "batch": B, "tables": T, "predicted": predicted[d][0],
+             "seconds": statistics.median(x[0] for x in got[d]),
+             "comm": statistics.median(x[1] for x in got[d]),
+             "bytes_across": statistics.median(x[2] for x in got[d]),
+             "rate_factors": list(RATE_FACTORS), "predicted_by_rate": predicted[d][1],
+             "comm_by_rate": predicted[d][2]} for d in cfg.dims]
+
+
+def measure_host_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig,
+                       tables: int) -> list[dict]:
+    """The same steps on one host's ranks (``ctx``: the host's group; the plan on the
+    ``cpu-local`` preset of its ranks, whose table-wise shards do not depend on the costs): per
+    dim of ``cfg.dims``, the slowest rank's step (``seconds``) and communication (``comm``),
+    each the median of ``cfg.rounds`` runs, and what ``predict_host_steps`` needs to predict
+    them again on any topology of the host (a merge of calibrations predicts the median step on
+    the merged fit)."""
+    from recscale.config import to_dict
+
+    B, T = max(cfg.batch_sizes), max(tables, 2)
+    preset = Topology.preset("cpu-local", world_size=ctx.world_size,
+                             local_world_size=ctx.world_size)
+    plans = {d: step_plan(model_cfg, d, T, cfg.rows, B, cfg.optimizer, preset)
+             for d in cfg.dims}
+    got = _run_steps(ctx, cfg, _train_config(ctx, cfg), plans, T)
+    return [{"dim": d, "batch": B, "tables": T, "rows": cfg.rows, "ranks": ctx.world_size,
+             "optimizer": cfg.optimizer, "seconds": statistics.median(x[0] for x in got[d]),
+             "comm": statistics.median(x[1] for x in got[d]),
+             "model": to_dict(model_cfg)} for d in cfg.dims]
+
+
+def predict_host_steps(pts: list[dict], topo: Topology) -> list[dict]:
+    """``measure_host_steps`` points with the step ``predict_step`` gives on ``topo`` with its
+    ``exchange_bw`` (the exchange's work on the ranks' cores per byte) x each of
+    ``RATE_FACTORS`` (``rate_factors``, ``predicted_by_rate``; ``predicted``: at ``topo``'s own)
+    and the communication at ``topo``'s own (``predicted_comm``)."""
+    from recscale.config import parse
+    from recscale.sharding.step_time import predict_step
+    from recscale.train.calibrate import dense_spec
+
+    out = []
+    for p in pts:
+        ranks = int(p["ranks"])
+        preset = Topology.preset("cpu-local", world_size=ranks, local_world_size=ranks)
+        mcfg, plan = step_plan(parse(ModelConfig, p["model"], "model"), int(p["dim"]),
+                               int(p["tables"]), int(p["rows"]), int(p["batch"]),
+                               p["optimizer"], preset)
+        dense = dense_spec(mcfg, int(p["tables"]))
+        at = [predict_step(plan, dense, True, topology=replace(
+            topo, exchange_bw=topo.exchange_bw * f)) for f in RATE_FACTORS]
+        one = at[RATE_FACTORS.index(1.0)]
+        out.append({**p, "rate_factors": list(RATE_FACTORS),
+                    "predicted_by_rate": [a.step for a in at], "predicted": one.step,
+                    "predicted_comm": max(one.comm)})
+    return out
+
+
+def step_plan(model_cfg: ModelConfig, dim: int, tables: int, rows: int, batch: int,
+              optimizer: str, topo: Topology):
+    """(the dense arch at ``dim``, the plan) of the calibration's steps: ``tables`` tables of
+    ``rows`` rows, table-wise shards over ``topo``'s ranks, ``batch`` samples per rank."""
+    from recscale.comm import CommsConfig
+    from recscale.sharding import TableSpec, plan_sharding
+    from recscale.train.calibrate import dense_model
+
+    mcfg = dense_model(model_cfg, dim)
+    specs = [TableSpec(f"t{i}", rows, dim, 1.0, feature_names=(f"f{i}",),
+                       constraints={"sharding_types": ["table_wise"]}) for i in range(tables)]
+    return mcfg, plan_sharding(specs, topo, batch, optimizer=optimizer, comms=CommsConfig())
+
+
+def _train_config(ctx, cfg: CalibrationConfig):
+    from recscale.config import parse
+    from recscale.train.config import TrainConfig
+
+    return parse(TrainConfig, {
+        "batch_size_per_rank": max(cfg.batch_sizes), "max_steps": STEPS, "progress": "off",
+        "log_every": 10 * STEPS, "num_threads": cfg.num_threads, "checkpoint": {"dir": None},
+        "embedding_optimizer": {"name": cfg.optimizer},
+        "launch": {"world_size": ctx.world_size}}, "train")
+
+
+def _run_steps(ctx, cfg: CalibrationConfig, train_cfg, plans: dict, T: int
+               ) -> dict[int, list[tuple[float, float, float]]]:
+    """Per dim of ``plans`` (dim -> (dense arch, plan)), ``cfg.rounds`` runs of ``STEPS`` steps
+    on synthetic batches (dims interleaved): per run the slowest rank's steady step, the most
+    communication a rank counted in it and the most bytes a rank sent to other hosts."""
     import torch.distributed as dist
 
     from recscale.comm import CommsConfig
-    from recscale.config import parse
     from recscale.data.batch import Batch, SparseFeatures
-    from recscale.sharding import TableSpec, plan_sharding
-    from recscale.sharding.step_time import predict_step
-    from recscale.train.calibrate import dense_model, dense_spec
-    from recscale.train.config import TrainConfig
     from recscale.train.loop import EpochData, run_loop, steady_per_step
     from recscale.train.runtime import ShardedRuntime
 
-    W, B, T = ctx.world_size, max(cfg.batch_sizes), max(tables, 2)
-    topo = replace(topo, inter_node_cpu_s=0.0, inter_node_cpu_bw=0.0)
+    B = max(cfg.batch_sizes)
     names = tuple(f"f{i}" for i in range(T))
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     batches = [Batch(torch.randn(B, NUM_DENSE, generator=g),
@@ -71,26 +176,9 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
                      torch.randint(0, 2, (B,), generator=g).float(),
                      torch.arange(i * B, (i + 1) * B))
                for i in range(STEPS)]
-    train_cfg = parse(TrainConfig, {
-        "batch_size_per_rank": B, "max_steps": STEPS, "progress": "off", "log_every": 10 * STEPS,
-        "num_threads": cfg.num_threads, "checkpoint": {"dir": None},
-        "embedding_optimizer": {"name": cfg.optimizer}, "launch": {"world_size": W}}, "train")
-    plans, predicted = {}, {}  # per dim: the dense arch, the plan, and the step predicted
-    for d in cfg.dims:
-        mcfg = dense_model(model_cfg, d)
-        specs = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
-                           constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
-        plans[d] = (mcfg, plan_sharding(specs, topo, B, optimizer=cfg.optimizer,
-                                        comms=CommsConfig()))
-        at = [predict_step(plans[d][1], dense_spec(mcfg, T), train_cfg.pipeline,
-                           topology=replace(topo, inter_node_bw=topo.inter_node_bw * f))
-              for f in RATE_FACTORS]
-        predicted[d] = (at[RATE_FACTORS.index(1.0)].step,  # at the link's measured rate
-                        [p.step for p in at], [max(p.comm) for p in at])
-    got: dict[int, list[tuple[float, float, float]]] = {d: [] for d in cfg.dims}
+    got: dict[int, list[tuple[float, float, float]]] = {d: [] for d in plans}
     for _ in range(cfg.rounds):
-        for d in cfg.dims:
-            mcfg, plan = plans[d]
+        for d, (mcfg, plan) in plans.items():
             rt = ShardedRuntime(ctx, plan, mcfg, train_cfg, CommsConfig(), feature_names=names,
                                 num_dense=NUM_DENSE)
             res = run_loop(rt, EpochData(lambda work=None: iter(batches), STEPS), train_cfg)
@@ -105,9 +193,4 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
                                 dtype=torch.float64)
             dist.all_reduce(mine, op=dist.ReduceOp.MAX)
             got[d].append((float(mine[0]), float(mine[1]), float(mine[2])))
-    return [{"dim": d, "batch": B, "tables": T, "predicted": predicted[d][0],
-             "seconds": statistics.median(x[0] for x in got[d]),
-             "comm": statistics.median(x[1] for x in got[d]),
-             "bytes_across": statistics.median(x[2] for x in got[d]),
-             "rate_factors": list(RATE_FACTORS), "predicted_by_rate": predicted[d][1],
-             "comm_by_rate": predicted[d][2]} for d in cfg.dims]
+    return got
