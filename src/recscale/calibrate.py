@@ -168,7 +168,7 @@ def format_calibration(cal) -> str:
         lines.append(f"  the exchange's work: x {1 / f['factor']:.2f} the exchange alone's in "
                      f"the training steps (predicted within {f['fit_rel_err']:.1%} of the step, "
                      f"{f['rel_err_at_1']:.1%} at the exchange alone's)")
-        for p in predict_host_steps(cal.points["host_steps"], cal.topology):
+        for p in predict_host_steps(cal.points["host_steps"], cal.topology, factors=(1.0,)):
             lines.append(f"  the training step on this host at dim {p['dim']}: "
                          f"{p['seconds'] * 1e3:.2f} ms measured ({p['comm'] * 1e3:.2f} "
                          f"communicating), {p['predicted'] * 1e3:.2f} ms predicted "

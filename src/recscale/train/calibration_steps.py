@@ -58,7 +58,6 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
     of ``tables`` tables of ``cfg.rows`` rows, ``model_cfg``'s dense arch at each dim (DDP), the
     batch ``max(cfg.batch_sizes)`` per rank. Inside the process group of ``ctx`` (one rank per
     host)."""
-    from recscale.sharding.step_time import predict_step
     from recscale.train.calibrate import dense_spec
 
     B, T = max(cfg.batch_sizes), max(tables, 2)
@@ -68,9 +67,7 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
     for d in cfg.dims:
         mcfg, plan = step_plan(model_cfg, d, T, cfg.rows, B, cfg.optimizer, topo)
         plans[d] = (mcfg, plan)
-        at = [predict_step(plan, dense_spec(mcfg, T), train_cfg.pipeline,
-                           topology=replace(topo, inter_node_bw=topo.inter_node_bw * f))
-              for f in RATE_FACTORS]
+        at = at_factors(plan, dense_spec(mcfg, T), train_cfg.pipeline, topo, "inter_node_bw")
         predicted[d] = (at[RATE_FACTORS.index(1.0)].step,  # at the link's measured rate
                         [p.step for p in at], [max(p.comm) for p in at])
     got = _run_steps(ctx, cfg, train_cfg, plans, T)
@@ -104,13 +101,13 @@ def measure_host_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig,
              "model": to_dict(model_cfg)} for d in cfg.dims]
 
 
-def predict_host_steps(pts: list[dict], topo: Topology) -> list[dict]:
+def predict_host_steps(pts: list[dict], topo: Topology,
+                       factors: tuple[float, ...] = RATE_FACTORS) -> list[dict]:
     """``measure_host_steps`` points with the step ``predict_step`` gives on ``topo`` with its
-    ``exchange_bw`` (the exchange's work on the ranks' cores per byte) x each of
-    ``RATE_FACTORS`` (``rate_factors``, ``predicted_by_rate``; ``predicted``: at ``topo``'s own)
+    ``exchange_bw`` (the exchange's work on the ranks' cores per byte) x each of ``factors``
+    (``rate_factors``, ``predicted_by_rate``; ``predicted``: at ``topo``'s own, a factor of 1)
     and the communication at ``topo``'s own (``predicted_comm``)."""
     from recscale.config import parse
-    from recscale.sharding.step_time import predict_step
     from recscale.train.calibrate import dense_spec
 
     out = []
@@ -120,14 +117,24 @@ def predict_host_steps(pts: list[dict], topo: Topology) -> list[dict]:
         mcfg, plan = step_plan(parse(ModelConfig, p["model"], "model"), int(p["dim"]),
                                int(p["tables"]), int(p["rows"]), int(p["batch"]),
                                p["optimizer"], preset)
-        dense = dense_spec(mcfg, int(p["tables"]))
-        at = [predict_step(plan, dense, True, topology=replace(
-            topo, exchange_bw=topo.exchange_bw * f)) for f in RATE_FACTORS]
-        one = at[RATE_FACTORS.index(1.0)]
-        out.append({**p, "rate_factors": list(RATE_FACTORS),
+        at = at_factors(plan, dense_spec(mcfg, int(p["tables"])), True, topo, "exchange_bw",
+                        factors)
+        one = at[factors.index(1.0)]
+        out.append({**p, "rate_factors": list(factors),
                     "predicted_by_rate": [a.step for a in at], "predicted": one.step,
                     "predicted_comm": max(one.comm)})
     return out
+
+
+def at_factors(plan, dense, pipelined: bool, topo: Topology, field: str,
+               factors: tuple[float, ...] = RATE_FACTORS) -> list:
+    """``predict_step`` of ``plan`` on ``topo`` with its constant ``field`` x each of
+    ``factors`` (the grid a steps' fit picks from)."""
+    from recscale.sharding.step_time import predict_step
+
+    value = getattr(topo, field)
+    return [predict_step(plan, dense, pipelined, topology=replace(topo, **{field: value * f}))
+            for f in factors]
 
 
 def step_plan(model_cfg: ModelConfig, dim: int, tables: int, rows: int, batch: int,
