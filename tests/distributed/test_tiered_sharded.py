@@ -24,6 +24,8 @@ def test_ssd_and_ddr_shards_train_bitwise_like_the_all_hbm_plan(results, opt):
     hbm, tiered = results[(opt, False)], results[(opt, True)]
     assert hbm["local_kinds"] == "FusedEmbeddingBags"
     assert tiered["local_kinds"] == "MultiTierEmbeddingBags"  # memory + ssd + ddr groups
+    # each batch's received ids are split by tier group once: the prefetch's parts are reused
+    assert tiered["splits"] == [6, 6]
     for t, (a, b) in enumerate(zip(hbm["tables"], tiered["tables"])):
         assert np.array_equal(a, b), f"table {t}"
     for t, (a, b) in enumerate(zip(hbm["states"], tiered["states"])):

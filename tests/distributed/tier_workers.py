@@ -85,6 +85,10 @@ def _tiered_parity(ctx: WorkerContext, optimizers: list[str], steps: list[list[d
             step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
                                                            tcfg.dense_optimizer), ctx.world_size)
             batches = [W.to_batch(parts[ctx.rank]) for parts in steps]
+            splits = []  # the multi-tier module's splits of its ids by tier group
+            if tiered:
+                real = emb.local._split
+                emb.local._split = lambda s, real=real, n=splits: n.append(1) or real(s)
             started = emb.start(batches[0].sparse)
             for i, batch in enumerate(batches):
                 nxt = None
@@ -97,6 +101,8 @@ def _tiered_parity(ctx: WorkerContext, optimizers: list[str], steps: list[list[d
             dist.all_gather_object(stats, emb.tier_stats())
             mem = [None] * ctx.world_size
             dist.all_gather_object(mem, emb.memory_bytes()["fast"])
+            n_splits = [None] * ctx.world_size
+            dist.all_gather_object(n_splits, len(splits))
             tables = emb.full_tables(dst=0)
             if ctx.rank == 0:
                 out[(opt, tiered)] = {
@@ -105,7 +111,7 @@ def _tiered_parity(ctx: WorkerContext, optimizers: list[str], steps: list[list[d
                     "dense": {k: v.detach().numpy()
                               for k, v in model.dense.state_dict().items()},
                     "stats": stats, "embedding_bytes": mem,
-                    "local_kinds": type(emb.local).__name__,
+                    "local_kinds": type(emb.local).__name__, "splits": n_splits,
                 }
             if hasattr(emb.local, "close"):
                 emb.local.close()

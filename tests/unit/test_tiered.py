@@ -217,6 +217,47 @@ def test_mixed_placements_in_one_module_are_bitwise(tmp_path):
     m.close()
 
 
+def test_a_prefetched_batch_is_split_by_tier_once(tmp_path, monkeypatch):
+    """The forward of a batch named by prefetch (or of a view of its tensors, as the sharded
+    collection passes it) takes the parts the prefetch made; other batches are split anew, and
+    the pooled outputs stay bitwise those of the unsplit module."""
+    opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    ref = FusedEmbeddingBags(ROWS, DIMS, opt, seed=4)
+    cfg = TierConfig(min_cache_rows=1, scratch_dir=str(tmp_path))
+    m = build_embedding_bags(ROWS, DIMS, opt, [Placement("ssd", 0.1), Placement("memory"),
+                                               Placement("memory")], cfg, seed=4)
+    splits = []
+    real = MultiTierEmbeddingBags._split
+
+    def counted(self, sparse):
+        splits.append(sparse)
+        return real(self, sparse)
+
+    monkeypatch.setattr(MultiTierEmbeddingBags, "_split", counted)
+    batches = zipf_batches(8, seed=5)
+    views = [SparseFeatures(b.keys, b.values[:], b.lengths.view(b.lengths.shape))
+             for b in batches]
+    for a, b in zip(train(ref, batches[:4]), train(m, batches[:4])):
+        assert torch.equal(a, b)
+    assert len(splits) == 4  # the first batch in its forward, the others in their prefetch
+    m.prefetch(batches[4])
+    copy = SparseFeatures(batches[4].keys, batches[4].values.clone(), batches[4].lengths.clone())
+    g = torch.Generator().manual_seed(2)
+    for b in (copy, views[5]):  # equal ids in other memory; a batch never named
+        assert torch.equal(ref(b), m(b))
+    assert len(splits) == 7
+    for i in (6, 7):
+        m.prefetch(batches[i])
+        out, want = m(views[i]), ref(batches[i])
+        assert torch.equal(out, want)
+        grad = torch.randn(out.shape, generator=g)
+        (out * grad).sum().backward()
+        (want * grad).sum().backward()
+    assert len(splits) == 9 and m._named == []  # batch 4's parts dropped with batch 6's
+    assert_tables_equal(ref, m)
+    m.close()
+
+
 # --- the EmbeddingCollection interface ----------------------------------------------------------
 def _one_rank_sharded(opt: EmbeddingOptimizerConfig):
     from recscale.embedding.sharded import ShardedEmbeddingCollection

@@ -87,6 +87,7 @@ class InputDist:
     dp_recv_v: list[int] = field(default_factory=list)
     hier: PendingAllToAll | None = None  # host-bound tables' stage A (embedding.hierarchical)
     received: tuple | None = None  # (lengths, ids) for the local lookup, once waited for
+    local: tuple | None = None  # those split into the fused module's and the column shards'
 
 
 def bag_order(k: int, batch_sizes: Sequence[int]) -> torch.Tensor:

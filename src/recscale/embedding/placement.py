@@ -79,10 +79,19 @@ def managed_caching_bags(rows: Sequence[int], dims: Sequence[int],
                               cache_policy=policy)
 
 
+def _same_batch(a: SparseFeatures, b: SparseFeatures) -> bool:
+    """The same ids in memory: ``b`` is ``a`` or a view of the same tensors (the sharded
+    collection names its received ids to the cache and looks them up through fresh views)."""
+    return all(x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+               and x.dtype == y.dtype for x, y in ((a.values, b.values), (a.lengths, b.lengths)))
+
+
 class MultiTierEmbeddingBags(LocalCollection):
     """Tables with different placements behind one ``EmbeddingCollection``: each group of tables
     is one module; the features are permuted to the groups (one fbgemm permute) and the pooled
-    columns put back in table order (exact copies)."""
+    columns put back in table order (exact copies). A batch named by ``prefetch`` is split once:
+    its forward takes the groups' parts the prefetch made (the cache then knows them as the
+    batch it prefetched without comparing ids)."""
 
     def __init__(self, groups: Sequence[tuple[Sequence[int], LocalCollection]],
                  dims: Sequence[int]):
@@ -96,6 +105,9 @@ class MultiTierEmbeddingBags(LocalCollection):
             raise ValueError(f"groups must cover tables 0..{len(self.dims) - 1} once: {order}")
         # only a software cache does anything with the next batch's ids: skip the permute else
         self._prefetching = any(isinstance(m, TieredEmbeddingBags) for m in self.groups)
+        # the batches named by prefetch and not yet looked up, with their parts: the loop names
+        # batch i + 1 before it looks up batch i, so two at most
+        self._named: list[tuple[SparseFeatures, list[SparseFeatures]]] = []
         self.register_buffer("_perm", torch.tensor(order, dtype=torch.int32), persistent=False)
         col0 = np.concatenate([[0], np.cumsum(self.dims)])
         cols = [c for t in order for c in range(col0[t], col0[t + 1])]
@@ -116,15 +128,26 @@ class MultiTierEmbeddingBags(LocalCollection):
             f, v = f + len(ts), v + n
         return out
 
+    def _parts(self, sparse: SparseFeatures) -> list[SparseFeatures]:
+        """The groups' parts of a batch: those its prefetch made, else a new split (a batch
+        never named, or an older one named and not looked up, is dropped from the list)."""
+        for i, (named, parts) in enumerate(self._named):
+            if _same_batch(named, sparse):
+                del self._named[: i + 1]
+                return parts
+        return self._split(sparse)
+
     def forward(self, sparse: SparseFeatures) -> torch.Tensor:
-        parts = [m(s) for m, s in zip(self.groups, self._split(sparse))]
+        parts = [m(s) for m, s in zip(self.groups, self._parts(sparse))]
         # the groups' columns back into table order: a gather both ways (columns.place_columns)
         return place_columns(parts, [(p.shape[1],) for p in parts], self._dest, self._cols,
                              len(self._dest), sparse.lengths.shape[1])
 
     def prefetch(self, started: SparseFeatures) -> None:
         if self._prefetching:
-            for m, s in zip(self.groups, self._split(started)):
+            parts = self._split(started)
+            self._named = [*self._named[-1:], (started, parts)]
+            for m, s in zip(self.groups, parts):
                 m.prefetch(s)
 
     def _by_table(self, per_group: list[list]) -> list:

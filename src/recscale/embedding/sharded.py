@@ -293,22 +293,34 @@ class ShardedEmbeddingCollection(nn.Module):
                 "dp_input")
         return pend
 
-    def _lookup(self, lengths: torch.Tensor, values: torch.Tensor, bg: int,
-                device) -> torch.Tensor:
+    def _local_ids(self, pend: InputDist, bg: int) -> tuple[torch.Tensor, ...]:
+        """The received ids as the local lookup takes them, once per batch (the prefetch and
+        the lookup share them): (lengths, ids) of the fused module's features, then of the
+        column shards' (empty without column shards)."""
+        if pend.local is None:
+            k = len(self.routes[self.rank])
+            l2, v2 = self._received(pend)
+            lengths = l2.view(k, bg)
+            if not self.cw_tables:
+                pend.local = (lengths, v2, lengths[:0], v2[:0])
+            else:
+                sl, sv, _ = torch.ops.fbgemm.permute_2D_sparse_data(self._local_split, lengths,
+                                                                    v2, None, None)
+                nf = len(self._fused_pos)
+                cut = int(sl[:nf].sum())
+                pend.local = (sl[:nf], sv[:cut], sl[nf:], sv[cut:])
+        return pend.local
+
+    def _lookup(self, pend: InputDist, bg: int) -> torch.Tensor:
         """Pooled rows of every local shard, [global batch, width], in route order."""
+        fl, fv, cw_l, cw_v = self._local_ids(pend, bg)
         if not self.cw_tables:
             if self.local is None:
-                return torch.zeros(bg, 0, device=device, requires_grad=True)
-            return self.local(SparseFeatures(("",) * lengths.shape[0], values, lengths))
-        fb = torch.ops.fbgemm
-        sl, sv, _ = fb.permute_2D_sparse_data(self._local_split, lengths, values, None, None)
-        nf = len(self._fused_pos)
-        off = torch.cat([sl.new_zeros(1), sl.reshape(-1).cumsum(0)])
-        cut = int(off[nf * bg])
+                return torch.zeros(bg, 0, device=pend.device, requires_grad=True)
+            return self.local(SparseFeatures(("",) * fl.shape[0], fv, fl))
         parts = []
         if self.local is not None:
-            parts.append(self.local(SparseFeatures(("",) * nf, sv[:cut], sl[:nf])))
-        cw_l, cw_v = sl[nf:], sv[cut:]
+            parts.append(self.local(SparseFeatures(("",) * fl.shape[0], fv, fl)))
         parts.append(ColumnShardRowwiseAdagrad.apply(self._anchor, self, cw_l, cw_v))
         return place_columns(parts, [(p.shape[1],) for p in parts], self._local_dest,
                              self._local_cols, len(self._local_cols), bg)
@@ -349,15 +361,8 @@ class ShardedEmbeddingCollection(nn.Module):
         if (not self._prefetching or not isinstance(started, InputDist)
                 or not self._has_lookup(started)):
             return
-        k, bg = len(self.routes[self.rank]), sum(started.bs)
-        l2, v2 = self._received(started)
-        lengths = l2.view(k, bg)
-        if self.cw_tables:  # the fused module sees its own features only
-            sl, sv, _ = torch.ops.fbgemm.permute_2D_sparse_data(self._local_split, lengths, v2,
-                                                                None, None)
-            nf = len(self._fused_pos)
-            lengths, v2 = sl[:nf], sv[: int(sl[:nf].sum())]
-        self.local.prefetch(SparseFeatures(("",) * lengths.shape[0], v2, lengths))
+        fl, fv, _, _ = self._local_ids(started, sum(started.bs))
+        self.local.prefetch(SparseFeatures(("",) * fl.shape[0], fv, fl))
 
     def flush(self) -> None:
         """Write every slow-tier shard's dirty cached rows back (before a checkpoint reads
@@ -399,9 +404,7 @@ class ShardedEmbeddingCollection(nn.Module):
         bg = sum(bs)
         exchange = token = mine = hier_done = None
         if self._has_lookup(pend):
-            k_me = len(self.routes[me])
-            l2, v2 = self._received(pend)
-            pooled = self._lookup(l2.view(k_me, bg), v2, bg, pend.device)
+            pooled = self._lookup(pend, bg)
             wd = self.widths[me]
             if pend.sharded is not None:
                 exchange = OutputExchange([(b, wd) for b in bs], [(B, w) for w in self.widths],
