@@ -458,6 +458,12 @@ def test_each_point_is_the_median_of_its_sweeps():
     got = median_of_rounds([sweep(1.0, 0.5), sweep(9.0, 0.25), sweep(2.0, 0.75)])
     assert got == {"memory": [{"dim": 16, "batch": 256, "seconds": 2.0, "hit_rate": 0.5},
                               {"dim": 128, "batch": 256, "seconds": 4.0, "hit_rate": 1.0}]}
+    # a part an older calibration lacks (host steps) comes from those that have it
+    steps = {"host_steps": [{"dim": 16, "seconds": 0.02}]}
+    got = median_of_rounds([sweep(1.0, 0.5), {**sweep(9.0, 0.25), **steps},
+                            {**sweep(2.0, 0.75), "host_steps": [{"dim": 16, "seconds": 0.04}]}])
+    assert got["memory"][0]["seconds"] == 2.0 and got["host_steps"] == [{"dim": 16,
+                                                                           "seconds": 0.03}]
     with pytest.raises(ConfigError, match=r"calibration\.rounds=0 .* a positive integer"):
         CalibrationConfig(rounds=0)
 

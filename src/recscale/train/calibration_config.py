@@ -141,15 +141,19 @@ class Sweeps:
 def median_of_rounds(rounds: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
     """The same points measured in several sweeps: each point with the median over the sweeps of
     every measured number (seconds, communication seconds, hit rate, ...); what names the point
-    (dim, batch, ...) is the same in every sweep."""
+    (dim, batch, ...) is the same in every sweep. A part some sweeps lack (kept calibrations of an
+    older version: no host steps) is the median over those that have it as the newest of them
+    does (the same number of points)."""
     out = {}
-    for part, pts in rounds[0].items():
+    for part in dict.fromkeys(k for r in rounds for k in r):
+        have = [r[part] for r in rounds if part in r]
+        have = [h for h in have if len(h) == len(have[-1])]
         merged = []
-        for i, p in enumerate(pts):
+        for i, p in enumerate(have[-1]):
             q = dict(p)
             for k, v in p.items():
                 if isinstance(v, float):
-                    q[k] = statistics.median(r[part][i][k] for r in rounds)
+                    q[k] = statistics.median(h[i][k] for h in have)
             merged.append(q)
         out[part] = merged
     return out
