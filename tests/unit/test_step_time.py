@@ -235,3 +235,39 @@ def test_a_links_burst_takes_each_phases_first_bytes_across_hosts_off_its_time()
     one = plan_sharding(_tables(dim=32), Topology.preset("cpu-local"), 512)
     assert predict_step(one, DENSE, topology=dataclasses.replace(
         one.topology, inter_node_burst_bytes=1e12)) == predict_step(one, DENSE)
+
+
+def test_a_rank_that_prefetches_for_a_slow_tier_waits_for_the_next_batchs_ids():
+    """Pipelined, the ids' all-to-all (its bytes and its latency) runs while the batch computes,
+    except on a rank holding a shard behind a slow tier's cache: it names the next batch's ids to
+    the cache as soon as they are sent, so it waits for them; fbgemm's managed cache (DDR on a
+    GPU) does not prefetch."""
+    lat = 1e-4
+
+    def hidden(plan, tier):
+        """Per rank: (seconds of communication the pipeline hides, what it could hide: the
+        ids' all-to-all, at most the rank's compute), one of rank 0's tables on ``tier``."""
+        moved = next(tp for tp in plan.tables
+                     if tp.sharding_type == "table_wise" and tp.shards[0].rank == 0)
+        plan = dataclasses.replace(plan, tables=tuple(
+            dataclasses.replace(tp, shards=tuple(dataclasses.replace(s, tier=tier)
+                                                 for s in tp.shards)) if tp is moved else tp
+            for tp in plan.tables))
+        piped = predict_step(plan, None)
+        plain = predict_step(plan, None, pipelined=False)
+        inp = piped.parts["input"]
+        return ([a - b for a, b in zip(plain.parts["exposed"], piped.parts["exposed"])],
+                [min(i + lat, c) for i, c in zip(inp, piped.compute)])
+
+    cpu = plan_sharding(_tables(4, 32), dataclasses.replace(
+        Topology.preset("cpu-local"), intra_node_lat_s=lat), 512)
+    got, could = hidden(cpu, "ddr")  # the compute tier on a CPU
+    assert got == pytest.approx(could, rel=1e-9) and min(got) > lat
+    got, could = hidden(cpu, "ssd")
+    assert got[0] == 0 and got[1] == pytest.approx(could[1], rel=1e-9)
+    gpu = plan_sharding(_tables(4, 32), dataclasses.replace(
+        Topology.preset("dgx-h100", world_size=2, local_world_size=2), intra_node_lat_s=lat), 512)
+    got, could = hidden(gpu, "ddr")
+    assert got == pytest.approx(could, rel=1e-9) and min(got) > 0
+    got, could = hidden(gpu, "ssd")
+    assert got[0] == 0 and got[1] == pytest.approx(could[1], rel=1e-9)

@@ -10,7 +10,9 @@ optimizer step) and its gradient all-reduce, and the overlap
 the runtime performs (``recscale.train.overlap``, ``train.pipeline: true``):
 
 - the next batch's input distribution (ids and lengths all-to-alls) is started while this batch
-  computes: it is exposed only where it takes longer than the step's compute;
+  computes: the ids' all-to-all (its bytes and latency) is exposed only where it takes longer
+  than the step's compute, except on a rank with a shard behind a slow tier's cache, which waits
+  for the ids at once to name them to the cache (prefetch);
 - the output exchange (pooled vectors) runs while the bottom MLP computes its forward: exposed
   only where it is longer than that.
 
@@ -127,6 +129,13 @@ def _shard_costs(cm: CostModel, tp, s) -> tuple[float, float]:
     return float(c.compute), float(c.comms)
 
 
+def _prefetches(tier: str, topo: Topology) -> bool:
+    """Whether the runtime holds a shard of ``tier`` behind its software cache, which prefetches
+    the next batch's rows (``embedding.placement.placement_for``: below the compute tier, except
+    DDR on CUDA, which is fbgemm's managed cache)."""
+    return tier != topo.compute_tier and not (topo.device == "cuda" and tier == "ddr")
+
+
 def _assembly_passes(plan: ShardingPlan, tiers_on: list[set[str]]) -> np.ndarray:
     """Per rank, how many times the collection places pieces into the [B, tables x dim] output
     (``embedding.columns.place_columns``): the sharded collection once per step, whatever kinds
@@ -238,13 +247,20 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
             d_ar -= min((d_ar - lat) * across, credit)
     dense_s = d_fb + topo.dense_op_s + d_ar  # forward + backward + fixed + all-reduce
     compute = emb + dense_s
+    # each collective's latency; the ids' all-to-all's is the input distribution's, overlapped
+    # with it (the lengths' count exchange is waited for as it is sent)
     calls = CALLS_PER_STEP * lat if W > 1 and any(
         t.sharding_type != "data_parallel" for t in plan.tables) else 0.0
+    in_call = inp + calls / CALLS_PER_STEP
+    calls -= calls / CALLS_PER_STEP
     if pipelined:
-        exposed_in = np.maximum(inp - compute, 0.0)
+        # a rank with a shard behind a slow tier's cache names the next batch's ids to it as
+        # soon as they are sent (``OverlapPolicy.ahead`` -> ``prefetch``): it waits for them then
+        prefetching = np.array([any(_prefetches(t, topo) for t in ts) for ts in local_tiers])
+        exposed_in = np.where(prefetching, in_call, np.maximum(in_call - compute, 0.0))
         exposed_out = np.maximum(out_fwd - 2 * d_bottom, 0.0)  # bottom forward (+ its backward)
     else:
-        exposed_in, exposed_out = inp, out_fwd
+        exposed_in, exposed_out = in_call, out_fwd
     comm_own = exposed_in + exposed_out + out_bwd + calls
     step = float(np.max(compute + comm_own))
     comm = step - compute
