@@ -19,9 +19,11 @@ from recscale.config import parse
 from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
 from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
 from recscale.model import ModelConfig
+from recscale.runconfig import TrainConfig
+from recscale.scoring import evaluate_dlrm
 from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
-from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
+from recscale.train import train_dlrm
 
 PRECISIONS = ["fp32", "fp16", "bf16", "fp8", "int8"]
 

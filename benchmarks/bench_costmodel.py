@@ -5,7 +5,7 @@ policy) on this machine.
     nice -n 5 python benchmarks/bench_costmodel.py                 # 9 pairs, ~3 min on 2 cores
     nice -n 5 python benchmarks/bench_costmodel.py --steps 10 --reps 2 --only 2r
 
-One calibration (``recscale.train.calibrate``, what ``recscale calibrate`` runs) measures this
+One calibration (``recscale.measure.calibrate``, what ``recscale calibrate`` runs) measures this
 machine; every config is planned once on the calibrated topology and trained ``--reps`` times.
 "before" costs the same plan on the preset (``cpu-local``, as ``plan_for_run`` budgets it),
 "after" on the calibrated topology; both through ``recscale.sharding.step_time.predict_step``
@@ -51,13 +51,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from recscale.config import parse
-from recscale.model import ModelConfig
+from recscale.measure import calibrate, config_for_run
+from recscale.measure.history import merge_calibrations
+from recscale.model import ModelConfig, dense_spec
+from recscale.runconfig import DLRMConfig, plan_for_run
 from recscale.sharding import Topology
 from recscale.sharding.step_time import predict_step
-from recscale.train import DLRMConfig, plan_for_run, train_dlrm
-from recscale.train.calibrate import CalibrationConfig, calibrate, dense_spec
-from recscale.train.calibration_config import batch_sizes_for
-from recscale.train.calibration_history import merge_calibrations
+from recscale.train import train_dlrm
 
 ROOT = Path(__file__).resolve().parents[1]
 # across namespace hosts, 1 rank each: name: (dim, comms precision)
@@ -286,17 +286,15 @@ def _run(args, root: Path) -> int:
 
     def cal_cfg(rounds, min_seconds=0.0):  # the in-memory tier on the data's tables, as the
         # sharding pipeline's calibrate node measures it
-        return CalibrationConfig(scratch_dir=scratch, num_threads=args.threads,
-                                 batch_sizes=batch_sizes_for(args.batch), rounds=rounds,
-                                 min_seconds=min_seconds,
-                                 table_rows=tuple(int(n) for n in manifest["table_sizes"]))
+        return config_for_run(args.batch, manifest["table_sizes"], scratch_dir=scratch,
+                              num_threads=args.threads, rounds=rounds, min_seconds=min_seconds)
 
     def base(ws):
         return Topology.preset("cpu-local", world_size=ws)
 
     cals = {ws: calibrate(base(ws), cal_cfg(3, args.cal_seconds), model, T, progress_mode="off")
             for ws in layouts}
-    from recscale.calibrate import format_calibration
+    from recscale.measure.cli import format_calibration
 
     for ws, c in cals.items():
         print(f"calibration, {ws} rank(s) per host, {c.seconds:.1f} s, {c.sweeps} sweeps:\n"

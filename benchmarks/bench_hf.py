@@ -36,16 +36,10 @@ import numpy as np
 
 from recscale.config import parse
 from recscale.data.idx import MnistConfig, prepare_mnist, read_idx
+from recscale.hf.config import BaselinesConfig, FitConfig, NetConfig
+from recscale.hf.fit import fit_baseline, fit_hessian_free, load_model
+from recscale.hf.loop import evaluate_classifier
 from recscale.optim.config import HessianFreeConfig
-from recscale.optim.trainer import (
-    BaselinesConfig,
-    FitConfig,
-    NetConfig,
-    evaluate_classifier,
-    fit_baseline,
-    fit_hessian_free,
-    load_model,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ("sgd", "adam", "soap", "hf", "hf_hessian")
@@ -248,7 +242,7 @@ def main() -> None:
     (out / "bench_hf.json").write_text(json.dumps(
         {"args": vars(args), "target_val_error": target, "rows": rows, "scaling": scaling,
          "scaling_efficiency": eff, "claim_held": held}, indent=1, default=float))
-    from recscale.optim.plots import comparison_image
+    from recscale.hf.plots import comparison_image
 
     comparison_image(list(results.values()), f"MNIST: batch {small} vs {large}", target).save(
         out / "bench_hf.png")

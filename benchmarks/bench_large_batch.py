@@ -27,7 +27,9 @@ import numpy as np
 from recscale.config import parse
 from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
 from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
-from recscale.train import DLRMConfig, evaluate_dlrm, plan_for_run, train_dlrm
+from recscale.runconfig import DLRMConfig, plan_for_run
+from recscale.scoring import evaluate_dlrm
+from recscale.train import train_dlrm
 
 MODEL = {"embedding_dim": 16, "bottom_mlp": [64, 16], "top_mlp": [64, 1]}
 BASE_BATCH = 2048

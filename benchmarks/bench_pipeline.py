@@ -27,7 +27,7 @@ from recscale.distributed import (  # noqa: E402
     run_in_group,
     worker_entry,
 )
-from recscale.train import TrainConfig  # noqa: E402
+from recscale.runconfig import TrainConfig  # noqa: E402
 from recscale.train.runtime import ShardedRuntime  # noqa: E402
 
 

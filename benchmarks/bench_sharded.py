@@ -24,9 +24,9 @@ from recscale.data.batch import Batch, SparseFeatures
 from recscale.distributed import LaunchConfig, WorkerContext, launch, run_in_group, worker_entry
 from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.model import ModelConfig, build_dlrm
+from recscale.runconfig import TrainConfig
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.sharding.traffic import estimate_comm_bytes
-from recscale.train import TrainConfig
 from recscale.train.runtime import LocalRuntime, ShardedRuntime
 
 KINDS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "table_column_wise",

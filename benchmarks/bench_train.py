@@ -35,7 +35,7 @@ from recscale.data.synthetic import MLPERF_MULTI_HOT_SIZES, scaled_cardinalities
 from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.model import MLP, ModelConfig, build_dlrm, interaction_dim
 from recscale.model.dcn import DCNConfig
-from recscale.train.config import DenseOptimizerConfig
+from recscale.runconfig import DenseOptimizerConfig
 from recscale.train.runtime import LocalRuntime
 
 CONFIGS = {
@@ -200,7 +200,9 @@ def quality(rows: int, out_dir: str) -> dict[str, dict]:
     """Test AUC of fp32 vs bf16 dense layers on the default synthetic data (same seed, same data)."""
     from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
     from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
-    from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
+    from recscale.runconfig import TrainConfig
+    from recscale.scoring import evaluate_dlrm
+    from recscale.train import train_dlrm
 
     rep = generate_criteo_tsv(SyntheticConfig(num_rows=rows), f"{out_dir}/synthetic_{rows}/day_00.tsv")
     pq_dir = f"{out_dir}/parquet_{rows}"
@@ -284,7 +286,9 @@ def quality_dcn(rows: int, out_dir: str) -> dict[str, dict]:
     from recscale.data.multihot import generate_multihot_parquet, preprocess_multihot
     from recscale.data.preprocess import PreprocessConfig, load_manifest
     from recscale.data.synthetic import SyntheticConfig
-    from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
+    from recscale.runconfig import TrainConfig
+    from recscale.scoring import evaluate_dlrm
+    from recscale.train import train_dlrm
 
     scfg = SyntheticConfig(num_rows=rows, multi_hot=True, cardinality_scale=0.0005)
     rep = generate_multihot_parquet(scfg, f"{out_dir}/multihot_{rows}/day_00.parquet")

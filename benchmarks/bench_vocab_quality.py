@@ -23,7 +23,9 @@ from recscale.config import parse
 from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
 from recscale.data.source import DataConfig, prepare_raw
 from recscale.model import ModelConfig
-from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
+from recscale.runconfig import TrainConfig
+from recscale.scoring import evaluate_dlrm
+from recscale.train import train_dlrm
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import statistics
 import time
 
 from recscale.config import parse
-from recscale.train import TrainConfig
+from recscale.runconfig import TrainConfig
 from recscale.train.loop import EpochData, RankResult, run_loop
 
 

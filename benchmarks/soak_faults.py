@@ -24,9 +24,10 @@ from recscale.config import parse
 from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
 from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
 from recscale.model import ModelConfig
+from recscale.runconfig import TrainConfig
 from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest
-from recscale.train import TrainConfig, train_dlrm
+from recscale.train import train_dlrm
 
 MODEL = {"embedding_dim": 16, "bottom_mlp": [64, 16], "top_mlp": [64, 1]}
 

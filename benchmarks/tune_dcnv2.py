@@ -31,7 +31,9 @@ from recscale.data.multihot import preprocess_multihot
 from recscale.data.preprocess import PreprocessConfig, load_manifest
 from recscale.data.source import DataConfig, prepare_raw
 from recscale.model import ModelConfig
-from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
+from recscale.runconfig import TrainConfig
+from recscale.scoring import evaluate_dlrm
+from recscale.train import train_dlrm
 
 ROOT = Path(__file__).resolve().parents[1]
 

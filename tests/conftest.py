@@ -1,4 +1,5 @@
 import os
+import zlib
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,49 @@ os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- seeds: every random draw in the tests comes from the run's seed ------------------------------
+# The run's seed is pytest-randomly's (the header prints "Using --randomly-seed=N"; it also orders
+# the tests at random and reseeds `random` and numpy's global state before each test): rerun with
+# `-p randomly --randomly-seed=N` to repeat both the order and every draw. Without the plugin
+# (`-p no:randomly`), RECSCALE_TEST_SEED or 0.
+def run_seed(config) -> int:
+    try:
+        seed = config.getoption("randomly_seed")
+    except ValueError:  # the plugin is off
+        seed = None
+    if not isinstance(seed, int):
+        seed = int(os.environ.get("RECSCALE_TEST_SEED", "0"))
+    return seed
+
+
+@pytest.fixture(scope="session")
+def test_seed(pytestconfig) -> int:
+    """The run's seed (for fixtures wider than one test)."""
+    return run_seed(pytestconfig)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """This test's own seed: the run's, mixed with the test's name (so tests draw differently
+    from each other, and each the same whatever ran before it)."""
+    return (run_seed(request.config) * 1_000_003 + zlib.crc32(request.node.nodeid.encode())) \
+        % (2**32)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(seed):
+    """`random`, numpy's and torch's global generators start every test at the test's seed: a
+    draw without a generator of its own is reproducible too, whatever ran before it."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def small_synthetic_config(**overrides):

@@ -1,6 +1,6 @@
 """``recscale`` / ``python -m recscale``: runs the Kedro project like ``kedro run`` does;
 ``recscale join --endpoint host:port`` takes part in a job across hosts (``recscale.join``);
-``recscale calibrate`` measures this machine into a topology file (``recscale.calibrate``)."""
+``recscale calibrate`` measures this machine into a topology file (``recscale.measure.cli``)."""
 
 import sys
 from pathlib import Path
@@ -12,7 +12,7 @@ def main(*args, **kwargs):
 
         sys.exit(join_main(sys.argv[2:]))
     if not args and sys.argv[1:2] == ["calibrate"]:
-        from recscale.calibrate import calibrate_main
+        from recscale.measure.cli import calibrate_main
 
         sys.exit(calibrate_main(sys.argv[2:]))
     from kedro.framework.cli.utils import find_run_command

@@ -31,8 +31,8 @@ def join_main(argv: list[str] | None = None) -> int:
     for noisy in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    from recscale.distributed.job import JobError, join
-    from recscale.train.job import check_job_here, job_worker
+    from recscale.distributed.job_store import JobError, join
+    from recscale.train.job_worker import check_job_here, job_worker
 
     log.info("joining the job of the driver at %s (waiting up to %g s for it)", args.endpoint,
              args.timeout)
@@ -60,7 +60,7 @@ def join_main(argv: list[str] | None = None) -> int:
 
 
 def driver_answers(endpoint: str, timeout_s: float = 3.0) -> bool:
-    from recscale.distributed.job import fetch_job
+    from recscale.distributed.job_store import fetch_job
 
     try:
         fetch_job(endpoint, timeout_s)

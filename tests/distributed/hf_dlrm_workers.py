@@ -10,7 +10,7 @@ from recscale.comm.collectives import CommStats
 from recscale.config import parse
 from recscale.distributed import LaunchConfig, WorkerContext, run_in_group, worker_entry
 from recscale.model import ModelConfig
-from recscale.train import TrainConfig
+from recscale.runconfig import TrainConfig
 from recscale.train.hf_step import HessianFreeStep, counting_all_reduce
 from recscale.train.runtime import build_sharded_model
 from recscale.train.step import ShardedStep, make_dense_optimizer

@@ -50,7 +50,7 @@ def build(ctx: WorkerContext, kind: str):
     from recscale.comm.collectives import CommStats
     from recscale.config import parse
     from recscale.model import ModelConfig
-    from recscale.train import TrainConfig
+    from recscale.runconfig import TrainConfig
     from recscale.train.runtime import build_sharded_model
     from recscale.train.step import ShardedStep, make_dense_optimizer
     from tests.distributed import workers as W

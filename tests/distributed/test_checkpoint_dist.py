@@ -11,9 +11,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from recscale.config import parse
 from recscale.distributed import WorkerFailedError
 from recscale.model import ModelConfig
+from recscale.runconfig import TrainConfig
 from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
-from recscale.train import TrainConfig, train_dlrm
+from recscale.train import train_dlrm
 from recscale.train.checkpoint import list_checkpoints, read_manifest
 from tests.distributed.workers import layout
 

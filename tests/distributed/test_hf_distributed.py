@@ -35,8 +35,9 @@ def test_two_ranks_take_the_same_steps_as_one():
 
 def test_fit_with_two_workers_matches_one_worker(tmp_path):
     from recscale.data.idx import MnistConfig, prepare_mnist, read_idx
+    from recscale.hf.config import FitConfig, NetConfig
+    from recscale.hf.fit import fit_hessian_free
     from recscale.optim.config import HessianFreeConfig
-    from recscale.optim.trainer import FitConfig, NetConfig, fit_hessian_free
     from tests.conftest import PROJECT_ROOT
 
     raw = PROJECT_ROOT / "data" / "01_raw" / "mnist"

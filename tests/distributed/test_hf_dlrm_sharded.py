@@ -73,9 +73,10 @@ def test_the_sharded_tables_fused_update_does_not_depend_on_the_dense_optimizer(
 
 def test_train_dlrm_runs_hf_in_the_sharded_runtime_and_reports_its_steps(parquet_dataset,
                                                                          tmp_path):
+    from recscale.runconfig import TrainConfig
     from recscale.sharding import Topology, plan_sharding
     from recscale.sharding.from_data import table_specs_from_manifest
-    from recscale.train import TrainConfig, train_dlrm
+    from recscale.train import train_dlrm
 
     tcfg = parse(TrainConfig, {"batch_size_per_rank": 500, "progress": "off", "max_steps": 3,
                                "launch": {"world_size": 2, "collective_timeout_s": 60},

@@ -17,13 +17,14 @@ import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-import recscale.train.api as api
+import recscale.train.entry as entry
 from recscale.config import parse
 from recscale.distributed import WorkerFailedError
 from recscale.model import ModelConfig
+from recscale.runconfig import TrainConfig
 from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
-from recscale.train import TrainConfig, train_dlrm
+from recscale.train import train_dlrm
 from recscale.train.step import TrainStep
 from tests.distributed.workers import row_recording_train_worker
 
@@ -55,7 +56,7 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def recording_workers():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(api, "sharded_train_worker", row_recording_train_worker)
+        mp.setattr(entry, "sharded_train_worker", row_recording_train_worker)
         yield
 
 

@@ -10,9 +10,11 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from recscale.config import parse
 from recscale.distributed import LaunchConfig, WorkerFailedError, launch
 from recscale.model import ModelConfig
+from recscale.runconfig import TrainConfig
+from recscale.scoring import evaluate_dlrm
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
-from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
+from recscale.train import train_dlrm
 from tests.distributed import workers as W
 
 pytestmark = pytest.mark.dist

@@ -8,7 +8,8 @@ from recscale.config import parse
 from recscale.distributed import LaunchConfig, launch
 from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
 from recscale.model import DLRM, ModelConfig
-from recscale.train import TrainConfig, TrainStep
+from recscale.runconfig import TrainConfig
+from recscale.train import TrainStep
 from recscale.train.step import make_dense_optimizer
 from tests.distributed import workers as W
 

@@ -14,7 +14,7 @@ import pytest
 
 from recscale.config import parse
 from recscale.data.loader import count_rows
-from recscale.train import DLRMConfig, plan_for_run
+from recscale.runconfig import DLRMConfig, plan_for_run
 from tests.unit.test_distributed import BLOCK_PAGES
 
 pytestmark = pytest.mark.dist

@@ -11,8 +11,8 @@ from recscale.comm.collectives import CommStats
 from recscale.config import parse
 from recscale.distributed import LaunchConfig, WorkerContext, run_in_group, worker_entry
 from recscale.model import ModelConfig
+from recscale.runconfig import TrainConfig
 from recscale.sharding import ShardingPlan, TableSpec, Topology, plan_sharding
-from recscale.train import TrainConfig
 from recscale.train.runtime import build_sharded_model
 from recscale.train.step import ShardedStep, make_dense_optimizer
 from tests.distributed import workers as W

@@ -7,7 +7,7 @@ import sys
 
 from recscale.config import parse
 from recscale.pipelines.training.nodes import train_model
-from recscale.train import DLRMConfig
+from recscale.runconfig import DLRMConfig
 from tests.unit.test_distributed import faults_of_one_step
 
 

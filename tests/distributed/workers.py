@@ -13,8 +13,8 @@ from recscale.config import parse
 from recscale.data.batch import Batch, SparseFeatures
 from recscale.distributed import LaunchConfig, WorkerContext, run_in_group, worker_entry
 from recscale.model import ModelConfig
+from recscale.runconfig import TrainConfig
 from recscale.sharding import ShardingPlan, ShardSpec, TableSpec, Topology, plan_sharding
-from recscale.train import TrainConfig
 from recscale.train.runtime import build_sharded_model
 from recscale.train.step import ShardedStep, make_dense_optimizer
 
@@ -286,7 +286,7 @@ def row_recording_train_worker(manifest: dict, model_d: dict, train_d: dict, com
     each as the step ends, so a killed attempt leaves the steps it finished."""
     import inspect
 
-    from recscale.train import sharded
+    from recscale.train import rank
     from recscale.train.step import ShardedStep
 
     os.makedirs(out_dir, exist_ok=True)
@@ -301,7 +301,7 @@ def row_recording_train_worker(manifest: dict, model_d: dict, train_d: dict, com
 
     ShardedStep.run = recording  # in this worker process only
     try:
-        return inspect.unwrap(sharded.sharded_train_worker)(manifest, model_d, train_d, comms_d,
+        return inspect.unwrap(rank.sharded_train_worker)(manifest, model_d, train_d, comms_d,
                                                             plan_d, out_dir, run_id)
     finally:
         ShardedStep.run = run

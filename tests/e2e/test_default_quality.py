@@ -12,7 +12,9 @@ from recscale.config import parse
 from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
 from recscale.data.source import DataConfig, prepare_raw
 from recscale.model import ModelConfig
-from recscale.train import TrainConfig, evaluate_dlrm, train_dlrm
+from recscale.runconfig import TrainConfig
+from recscale.scoring import evaluate_dlrm
+from recscale.train import train_dlrm
 from tests.conftest import PROJECT_ROOT
 
 pytestmark = pytest.mark.e2e

@@ -82,8 +82,8 @@ def drive(spec_path: str, out_dir: str) -> None:
 
     from recscale.config import parse
     from recscale.data.preprocess import load_manifest
-    from recscale.train import DLRMConfig, train_dlrm
-    from recscale.train.api import plan_for_run
+    from recscale.runconfig import DLRMConfig, plan_for_run
+    from recscale.train import train_dlrm
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     spec = json.loads(Path(spec_path).read_text())
@@ -110,7 +110,7 @@ def join_when(trigger: str, endpoint: str, timeout_s: float = 120.0) -> int:
     already imported (a host that comes back at a chosen moment, without the import's delay)."""
     import time
 
-    import recscale.train.job  # noqa: F401
+    import recscale.train.job_worker  # noqa: F401
     from recscale.join import join_main
 
     deadline = time.monotonic() + timeout_s

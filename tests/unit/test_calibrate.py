@@ -10,15 +10,10 @@ import numpy as np
 import pytest
 
 from recscale.config import ConfigError, parse
+from recscale.measure import CalibrationConfig, CalibrationError, calibrate, fit_calibration
+from recscale.runconfig import DLRMConfig
 from recscale.sharding import ShardingConfig, TableSpec, Topology, plan_sharding
 from recscale.sharding.topology import CALIBRATED
-from recscale.train import DLRMConfig
-from recscale.train.calibrate import (
-    CalibrationConfig,
-    CalibrationError,
-    calibrate,
-    fit_calibration,
-)
 
 # one rank per host (measured in this process), one dim, one pooling, memory + SSD-backed cache:
 # about a second
@@ -88,7 +83,7 @@ def test_calibration_refuses_a_tier_whose_directory_cannot_be_written(tmp_path):
         calibrate(ONE, cfg)
     with pytest.raises(CalibrationError, match="device 'cuda'"):
         calibrate(Topology.preset("zionex"), TINY)
-    from recscale.calibrate import calibrate_main
+    from recscale.measure.cli import calibrate_main
 
     assert calibrate_main(["--scratch-dir", str(blocker / "x"), "--out",
                            str(tmp_path / "t.yml"), "--progress", "off"]) == 2
@@ -152,7 +147,7 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path, ca
 
     import torch
 
-    from recscale.calibrate import calibrate_main
+    from recscale.measure.cli import calibrate_main
     from recscale.sharding import Topology
 
     ep = f"127.0.0.1:{_free_port()}"
@@ -194,7 +189,7 @@ def test_the_link_between_hosts_is_measured_by_one_process_per_host(tmp_path, ca
         assert re.search(r"the link's rate: the exchange alone [0-9.]+ MB/s, x [0-9.]+ in the "
                          r"training steps", text), text
     with pytest.raises(CalibrationError, match=rf"2 hosts did not all reach {ep}"):
-        from recscale.train.calibrate import measure_link
+        from recscale.measure import measure_link
 
         measure_link(0, 2, ep, TINY, timeout_s=2)
 
@@ -205,7 +200,7 @@ def test_the_link_fit_finds_a_rate_limiters_burst_and_none_where_there_is_none()
     fits a burst of 0, also when its times are as noisy as this machine's (+-15%)."""
     import random
 
-    from recscale.train.calibration_fits import fit_link
+    from recscale.sharding.cost_fit import fit_link
 
     rng = random.Random(7)
     lat, rate, burst = 2e-4, 1.2e8, 600e3
@@ -235,9 +230,9 @@ def test_the_links_rate_is_the_one_at_which_the_training_steps_communication_is_
     """Steps across hosts whose communication is what ``predict_step`` gives at a known multiple
     of the exchange's rate (with +-3% noise): the fit finds that multiple (within a step of the
     grid) and, where the steps communicate as predicted at the exchange's own rate, 1."""
+    from recscale.measure.steps import RATE_FACTORS
+    from recscale.sharding import cost_fit as fits
     from recscale.sharding.step_time import DenseSpec, predict_step
-    from recscale.train import calibration_fits as fits
-    from recscale.train.calibration_steps import RATE_FACTORS
 
     link = dataclasses.replace(Topology.preset("cpu-local", world_size=2, local_world_size=1),
                                inter_node_bw=6e8, inter_node_lat_s=8e-4, exchange_bw=1.2e9,
@@ -283,8 +278,8 @@ def test_the_links_cpu_cost_is_what_the_training_step_across_hosts_spends_beyond
     cost for it) plus a known cost per byte sent across and per step: the fit finds them, and
     nothing where there is none or where the steps ran faster than predicted; the prediction of
     a 2-host step charges them (per byte on the bytes sent to the other host)."""
+    from recscale.sharding import cost_fit as fits
     from recscale.sharding.step_time import predict_step
-    from recscale.train import calibration_fits as fits
 
     host = dataclasses.replace(Topology.preset("cpu-local", world_size=2, local_world_size=1),
                                ddr_id_s=8e-8, ddr_op_s=5e-4, bag_s=6e-8, assemble_s=3e-9,
@@ -320,10 +315,11 @@ def test_calibration_measures_at_the_runs_batch(monkeypatch):
     """A step is not linear in the batch far from it, so the sharding pipeline's calibrate node
     and ``recscale calibrate --batch`` measure at the run's batch per rank (and a quarter of it),
     not at fixed sizes."""
-    import recscale.train.calibrate as cal_mod
-    from recscale.calibrate import calibrate_main
+    import recscale.measure.for_run as for_run
+    import recscale.measure.machine as cal_mod
+    from recscale.measure.cli import calibrate_main
+    from recscale.measure.config import batch_sizes_for
     from recscale.pipelines.sharding.nodes import calibrate_topology
-    from recscale.train.calibration_config import batch_sizes_for
 
     seen = []
 
@@ -333,7 +329,8 @@ def test_calibration_measures_at_the_runs_batch(monkeypatch):
         raise CalibrationError("stop here")
 
     tables = []
-    monkeypatch.setattr(cal_mod, "calibrate", fake)
+    monkeypatch.setattr(cal_mod, "calibrate", fake)  # the CLI's
+    monkeypatch.setattr(for_run, "calibrate", fake)  # the sharding node's
     cfg = parse(DLRMConfig, {"sharding": {"calibrate": True, "calibration_seconds": 7},
                              "train": {"batch_size_per_rank": 512, "progress": "off"}}, "")
     with pytest.raises(CalibrationError, match="stop here"):
@@ -355,7 +352,7 @@ def test_the_in_memory_tier_is_measured_on_the_runs_tables(tmp_path, monkeypatch
     feature's ids drawn in its own table's rows; scaled down alike past the byte budget; a bad
     entry is refused naming the key."""
     import recscale.embedding.tbe as tbe
-    from recscale.train.calibration_config import MEMORY_MODULE_BYTES, memory_tables
+    from recscale.measure.config import MEMORY_MODULE_BYTES, memory_tables
 
     built, real = [], tbe.FusedEmbeddingBags
 
@@ -393,7 +390,8 @@ def test_the_lookup_fits_count_each_distinct_row_the_update_writes():
     calibration's grid (uniform ids: nearly every id a distinct row; power-law: a third): the
     in-memory fit recovers every constant, and the cached tier's fit its misses' own per-row
     cost given the in-memory fit for its hits."""
-    from recscale.train import calibration_fits as fits
+    from recscale.sharding import cost_fit as fits
+    from recscale.sharding.cost import lookup_bytes
 
     rng = np.random.default_rng(0)
     wb, orow, oelem = 4.0, 4.0, 0.0
@@ -403,7 +401,7 @@ def test_the_lookup_fits_count_each_distinct_row_the_update_writes():
     for d, L, B, skew in itertools.product((16, 128), (1, 8), (256, 1024), (0.0, 1.2)):
         ids, bags = 4 * B * L, 4 * B
         distinct = ids * (0.98 if skew == 0 else rng.uniform(0.2, 0.4))
-        tb, pb = fits.bytes(ids, bags, d, wb, orow, oelem, distinct)
+        tb, pb = lookup_bytes(ids, distinct / ids, bags, d, wb, orow, oelem)
         t = (true["op_s"] + ids * true["id_s"] + bags * true["bag_s"] + (tb + pb) / true["bw"]
              + distinct * true["row_s"])
         mem.append({"dim": d, "ids": ids, "bags": bags, "distinct": distinct, "seconds": t})
@@ -428,7 +426,7 @@ def test_the_dense_fit_is_closest_at_the_runs_batch():
     cache), as measured on the ninth session's machine (dim 128: 6.4, 14.9 and 26.0 ms at 256,
     640 and 1,024 samples): the fit weights the run's batch, so the prediction there is the
     measurement within a few %, where an even fit was 11% under it."""
-    from recscale.train import calibration_fits as fits
+    from recscale.sharding import cost_fit as fits
 
     pts = []
     for d, ms in ((16, (3.2, 5.5, 7.8)), (128, (6.4, 14.9, 26.0))):
@@ -449,7 +447,7 @@ def test_the_dense_fit_is_closest_at_the_runs_batch():
 def test_each_point_is_the_median_of_its_sweeps():
     """``rounds`` sweeps over every point, each point's measured numbers the median over them
     (one slow spell of a shared machine does not move a fit); what names a point is kept."""
-    from recscale.train.calibration_config import median_of_rounds
+    from recscale.measure.timing import median_of_rounds
 
     def sweep(s, h):
         return {"memory": [{"dim": 16, "batch": 256, "seconds": s, "hit_rate": h},
@@ -472,7 +470,7 @@ def test_calibration_sweeps_for_its_minimum_time(monkeypatch, calibrated):
     """``rounds`` sweeps, then more until ``min_seconds`` have passed (a spell of a shared
     machine's cores outlasts a short calibration), at most ``max_rounds``; the progress bar's
     count follows from the first sweep's length."""
-    import recscale.train.calibration_config as cc
+    import recscale.measure.config as cc
 
     clock = [100.0]
     monkeypatch.setattr(cc.time, "perf_counter", lambda: clock[0])
@@ -502,7 +500,7 @@ def test_calibration_sweeps_for_its_minimum_time(monkeypatch, calibrated):
 def test_calibrations_taken_apart_merge_into_one_topology(calibrated):
     """A calibration's topology is its points' fit (``fit_calibration``), so calibrations taken
     at different times merge: the median of their points, refitted."""
-    from recscale.train.calibration_config import median_of_rounds
+    from recscale.measure.timing import median_of_rounds
 
     refit = fit_calibration(ONE, calibrated.points, TINY, 26)
     assert refit.fits == calibrated.fits
@@ -528,9 +526,9 @@ def test_calibrations_kept_beside_the_topology_merge_into_their_median(calibrate
     file (the last ``keep``), and the topology written is the fit of their median, so
     calibrations taken at different times (a machine whose speed drifts for minutes) sample the
     machine, not one spell of it; a file from another config is refused naming what differs."""
-    from recscale.calibrate import calibrate_main
-    from recscale.train.calibration_config import median_of_rounds
-    from recscale.train.calibration_history import merge_calibrations, points_path
+    from recscale.measure.cli import calibrate_main
+    from recscale.measure.history import merge_calibrations, points_path
+    from recscale.measure.timing import median_of_rounds
 
     path = points_path(tmp_path / "topology.yml")
     assert path == str(tmp_path / "topology.points.json")
@@ -554,10 +552,10 @@ def test_calibrations_kept_beside_the_topology_merge_into_their_median(calibrate
         merge_calibrations(ONE, calibrated, path, wider, 26)
     merge_calibrations(ONE, calibrated, path, wider, 26, merge=False)  # replaced, not merged
     # the sharding node: every run's calibration kept in sharding.calibration_history
-    import recscale.train.calibrate as cal_mod
+    import recscale.measure.for_run as for_run
     from recscale.pipelines.sharding.nodes import calibrate_topology
 
-    monkeypatch.setattr(cal_mod, "calibrate", lambda *a, **k: calibrated)
+    monkeypatch.setattr(for_run, "calibrate", lambda *a, **k: calibrated)
     history = str(tmp_path / "node.points.json")
     node_cfg = parse(DLRMConfig, {"sharding": {"calibrate": True, "calibration_history": history,
                                                "topology": "cpu-local", "world_size": 1},
@@ -611,11 +609,10 @@ def test_the_exchanges_work_is_the_one_at_which_the_hosts_training_steps_are_pre
     steps as predicted keep the exchange alone's (1). (The 2-rank calibration test checks that
     the topology gets the factor.)"""
     from recscale.config import to_dict
-    from recscale.model import ModelConfig
+    from recscale.measure.steps import predict_host_steps, step_plan
+    from recscale.model import ModelConfig, dense_spec
+    from recscale.sharding import cost_fit as fits
     from recscale.sharding.step_time import predict_step
-    from recscale.train import calibration_fits as fits
-    from recscale.train.calibrate import dense_spec
-    from recscale.train.calibration_steps import predict_host_steps, step_plan
 
     host = dataclasses.replace(Topology.preset("cpu-local", world_size=2),
                                ddr_id_s=8e-8, ddr_op_s=5e-4, bag_s=6e-8, assemble_s=3e-9,

@@ -11,7 +11,8 @@ import torch
 
 from recscale.config import ConfigError, parse
 from recscale.model import ModelConfig
-from recscale.train import NonFiniteLossError, TrainConfig, train_dlrm
+from recscale.runconfig import TrainConfig
+from recscale.train import NonFiniteLossError, train_dlrm
 from recscale.train.checkpoint import list_checkpoints, read_manifest, verify_files
 
 SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
@@ -148,7 +149,7 @@ def test_tables_on_the_ssd_tier_checkpoint_and_resume_bitwise(parquet_dataset, t
     """Checkpoints capture every tier: tables the plan puts on SSD (behind a cache) are flushed
     into the checkpoint, restored through their views, and the resumed run ends equal to an
     uninterrupted all-in-memory run."""
-    from recscale.train import DLRMConfig, plan_for_run
+    from recscale.runconfig import DLRMConfig, plan_for_run
 
     tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path / "scratch"),
              "min_cache_rows": 256}
@@ -216,8 +217,9 @@ def test_the_cuda_rng_state_is_saved_and_restored(tmp_path, monkeypatch):
     real generator is used."""
     from torch import nn
 
+    from recscale.runconfig import CheckpointConfig
     from recscale.train import checkpoint_files
-    from recscale.train.checkpoint import CheckpointConfig, Checkpointer, dense_tensors
+    from recscale.train.checkpoint import Checkpointer, dense_tensors
 
     fake = not torch.cuda.is_available()
     if fake:

@@ -38,7 +38,7 @@ def test_distinct_fractions_count_each_batchs_distinct_ids_single_and_multi_hot(
 
 def test_a_run_plans_with_the_datas_distinct_fractions(parquet_dataset):
     from recscale.config import parse
-    from recscale.train import DLRMConfig, plan_for_run
+    from recscale.runconfig import DLRMConfig, plan_for_run
 
     cfg = parse(DLRMConfig, {"model": {"embedding_dim": 16, "bottom_mlp": [32, 16]},
                              "train": {"batch_size_per_rank": 256,

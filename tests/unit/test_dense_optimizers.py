@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from recscale.config import parse
-from recscale.train import TrainConfig
+from recscale.runconfig import TrainConfig
 from recscale.train.step import dense_step, make_dense_optimizer
 
 
@@ -79,7 +79,8 @@ def test_soap_is_a_baseline_of_the_hf_trainer():
     pytest.importorskip("pytorch_optimizer")
     import numpy as np
 
-    from recscale.optim.trainer import BaselinesConfig, FitConfig, NetConfig, fit_baseline
+    from recscale.hf.config import BaselinesConfig, FitConfig, NetConfig
+    from recscale.hf.fit import fit_baseline
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 6)).astype(np.float32)

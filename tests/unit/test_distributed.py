@@ -1,7 +1,6 @@
-"""recscale.distributed without processes: its config, threads, and where it sits in the
-package graph (the launcher imports no other recscale package; optim uses it, not train)."""
+"""recscale.distributed without processes: its config and threads (where it sits in the package
+graph, importing no other package, is tests/unit/test_layering.py's)."""
 
-import ast
 import os
 import re
 from pathlib import Path
@@ -11,36 +10,6 @@ import torch
 
 from recscale.config import ConfigError, parse
 from recscale.distributed import LaunchConfig, set_threads
-
-SRC = Path(__file__).resolve().parents[2] / "src" / "recscale"
-
-
-def _recscale_imports(path: Path) -> set[str]:
-    """Modules under recscale that ``path`` imports (absolute imports only)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("recscale"):
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("recscale"))
-    return out
-
-
-def _package_imports(pkg: str) -> set[str]:
-    return set().union(*(_recscale_imports(p) for p in (SRC / pkg).rglob("*.py")))
-
-
-def test_the_launcher_imports_no_other_recscale_package():
-    allowed = {"recscale.config", "recscale.progress"}
-    outside = {m for m in _package_imports("distributed")
-               if not m.startswith("recscale.distributed") and m not in allowed}
-    assert not outside, outside
-
-
-def test_optim_uses_the_launcher_package_not_train():
-    mods = _package_imports("optim")
-    assert "recscale.distributed" in mods
-    assert not {m for m in mods if m.startswith("recscale.train")}
 
 
 def test_launch_config_checks_name_the_full_key():
@@ -163,7 +132,7 @@ def test_a_nnodes_range_needs_restarts_and_gives_the_hosts_and_ranks_per_host():
 
 
 def test_a_job_across_hosts_needs_a_shared_checkpoint_directory():
-    from recscale.train import TrainConfig
+    from recscale.runconfig import TrainConfig
 
     with pytest.raises(ConfigError, match=r"^train.checkpoint.dir=None is not allowed: expected "
                                           r"a directory every host sees"):

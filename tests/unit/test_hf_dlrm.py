@@ -9,7 +9,7 @@ from torch.func import functional_call
 from recscale.config import ConfigError, parse
 from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags
 from recscale.model import DLRM, ModelConfig
-from recscale.train import DLRMConfig, TrainConfig
+from recscale.runconfig import DLRMConfig, TrainConfig
 from recscale.train.runtime import LocalRuntime
 from tests.distributed import workers as W
 

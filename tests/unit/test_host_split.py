@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
+from recscale.report import summarize
 from recscale.sharding import ShardingPlan, TableSpec, Topology, plan_sharding
 from recscale.sharding.traffic import estimate_comm_bytes
 from recscale.train.loop import RankResult
-from recscale.train.sharded import summarize
 
 
 def _plan(world: int, local: int) -> ShardingPlan:

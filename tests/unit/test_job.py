@@ -6,9 +6,9 @@ import os
 import pytest
 
 from recscale.config import parse
-from recscale.distributed.job import JobError, code_version
-from recscale.train import DLRMConfig
-from recscale.train.job import check_data_readable, job_payload, with_world_size
+from recscale.distributed.job_store import JobError, code_version
+from recscale.runconfig import DLRMConfig
+from recscale.train.job_worker import check_data_readable, job_payload, with_world_size
 
 
 def _cfg(**launch):
@@ -18,7 +18,7 @@ def _cfg(**launch):
 
 
 def test_the_job_payload_has_absolute_paths_and_no_planner_filled_options(parquet_dataset):
-    from recscale.train.api import plan_for_run
+    from recscale.runconfig import plan_for_run
 
     cfg = _cfg(world_size=2, nnodes=2)
     m = dict(parquet_dataset)

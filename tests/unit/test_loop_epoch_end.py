@@ -8,7 +8,7 @@ from recscale.config import parse
 from recscale.data.batch import Batch, SparseFeatures
 from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.model import ModelConfig, build_dlrm
-from recscale.train import TrainConfig
+from recscale.runconfig import TrainConfig
 from recscale.train import loop as loop_mod
 from recscale.train.loop import EpochData, run_loop
 from recscale.train.runtime import LocalRuntime

@@ -7,8 +7,9 @@ import torch
 from recscale.config import ConfigError, parse
 from recscale.data.batch import SparseFeatures
 from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
-from recscale.model import DLRM, ModelConfig, build_dlrm
-from recscale.train import TrainConfig, TrainStep
+from recscale.model import ModelConfig, build_dlrm
+from recscale.runconfig import TrainConfig
+from recscale.train import TrainStep
 from recscale.train.step import make_dense_optimizer
 
 
@@ -197,10 +198,6 @@ def test_mismatched_fbgemm_names_both_versions_and_the_working_pair(monkeypatch)
     assert recscale.check_fbgemm() == "1.8.0"
 
 
-def test_model_config_types():
-    assert isinstance(_tiny_model(), DLRM)
-
-
 def test_embedding_weight_decay_is_refused_on_the_cpu_where_fbgemm_ignores_it():
     from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags
 
@@ -211,7 +208,8 @@ def test_embedding_weight_decay_is_refused_on_the_cpu_where_fbgemm_ignores_it():
 def test_to_cpu_model_copies_tables_optimizer_state_and_dense_layers():
     """What a CUDA-trained model goes through (fbgemm keeps its tables in device-specific buffers,
     so state_dicts do not load across devices): here CPU -> CPU, after some training."""
-    from recscale.train.api import to_cpu_model
+    from recscale.model import to_cpu_model
+    from recscale.runconfig import recipe_for
 
     manifest = {"table_sizes": [50, 70, 30]}
     mcfg = parse(ModelConfig, {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]}, "model")
@@ -227,6 +225,6 @@ def test_to_cpu_model_copies_tables_optimizer_state_and_dense_layers():
     for _ in range(3):
         step(Batch(torch.randn(32, 13, generator=g), sp, torch.randint(0, 2, (32,), generator=g).float(),
                    torch.arange(32)))
-    copy = to_cpu_model(model, manifest, mcfg, tcfg)
+    copy = to_cpu_model(model, recipe_for(manifest, mcfg, tcfg))
     a, b = model.state_dict(), copy.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -31,8 +31,8 @@ def _days(root, numbers):
         (root / f"day_{n}.tsv").write_bytes(os.urandom(int(n) + 1))
 
 
-def test_partitions_come_in_natural_day_order_and_skip_files_being_written(tmp_path):
-    rng = np.random.default_rng()
+def test_partitions_come_in_natural_day_order_and_skip_files_being_written(tmp_path, seed):
+    rng = np.random.default_rng(seed)
     days = [int(d) for d in rng.choice(40, size=8, replace=False)]
     _days(tmp_path, days)
     (tmp_path / "day_99.tsv.tmp").write_text("half")
@@ -42,8 +42,8 @@ def test_partitions_come_in_natural_day_order_and_skip_files_being_written(tmp_p
     assert find_partitions(tmp_path / "missing", "day_*.tsv") == []
 
 
-def test_ledger_consumes_each_partition_once_and_survives_reopening(tmp_path, caplog):
-    rng = np.random.default_rng()
+def test_ledger_consumes_each_partition_once_and_survives_reopening(tmp_path, caplog, seed):
+    rng = np.random.default_rng(seed)
     n = int(rng.integers(3, 8))
     _days(tmp_path / "in", range(n))
     ledger = PartitionLedger(tmp_path / "state" / "ledger.json")
@@ -74,8 +74,8 @@ def test_a_foreign_file_is_not_taken_for_a_ledger(tmp_path):
         PartitionLedger(p).entries()
 
 
-def test_promotion_rule_compares_on_the_same_rows_with_the_required_gain():
-    rng = np.random.default_rng()
+def test_promotion_rule_compares_on_the_same_rows_with_the_required_gain(seed):
+    rng = np.random.default_rng(seed)
     for _ in range(200):
         new, old = rng.uniform(0.5, 1.0, 2)
         gain = float(rng.choice([0.0, rng.uniform(-0.05, 0.05)]))
@@ -99,8 +99,8 @@ def test_retrain_config_errors_name_the_key_value_and_what_is_allowed():
         parse(RetrainConfig, {"landing": "x"}, "retrain")
 
 
-def test_warm_start_sources_are_tried_in_order_and_weights_round_trip(tmp_path):
-    state = {"w": torch.randn(int(np.random.default_rng().integers(2, 9)), 3)}
+def test_warm_start_sources_are_tried_in_order_and_weights_round_trip(tmp_path, seed):
+    state = {"w": torch.randn(int(np.random.default_rng(seed).integers(2, 9)), 3)}
     cfg = {"table_sizes": [5, 7], "model": {}, "train": {}}
     assert first_warm_start([("latest", state_dict_file_source(tmp_path))]).source == "cold"
     save_latest(tmp_path, state, cfg, version=4)
@@ -117,10 +117,10 @@ def test_warm_start_sources_are_tried_in_order_and_weights_round_trip(tmp_path):
     assert first_warm_start([("champion", champion)]).source == "champion"
 
 
-def test_synthetic_days_share_the_planted_model_with_fresh_rows(tmp_path):
+def test_synthetic_days_share_the_planted_model_with_fresh_rows(tmp_path, seed):
     from recscale.data.synthetic import generate_criteo_tsv
 
-    cfg = small_synthetic_config(num_rows=int(np.random.default_rng().integers(2000, 4000)))
+    cfg = small_synthetic_config(num_rows=int(np.random.default_rng(seed).integers(2000, 4000)))
     d0 = generate_criteo_tsv(cfg, tmp_path / "a" / "day_00.tsv")
     d0_again = generate_criteo_tsv(cfg, tmp_path / "b" / "day_00.tsv", day=0)
     d1 = generate_criteo_tsv(cfg, tmp_path / "a" / "day_01.tsv", day=1)
@@ -134,11 +134,11 @@ def test_synthetic_days_share_the_planted_model_with_fresh_rows(tmp_path):
         generate_criteo_tsv(cfg, tmp_path / "x.tsv", day=-1)
 
 
-def test_synthetic_day_node_writes_the_next_day(tmp_path):
+def test_synthetic_day_node_writes_the_next_day(tmp_path, seed):
     from recscale.pipelines.retrain.nodes import parse_retrain_config, write_synthetic_day
 
     landing = tmp_path / "daily"
-    start = int(np.random.default_rng().integers(0, 12))
+    start = int(np.random.default_rng(seed).integers(0, 12))
     if start:
         _days(landing, [f"{start:02d}"])
     data = {"synthetic": {"num_rows": 1500, "seed": 1, "cardinality_scale": 0.0005,
@@ -148,8 +148,8 @@ def test_synthetic_day_node_writes_the_next_day(tmp_path):
     assert rep["path"] == str(landing / f"day_{start + 1:02d}.tsv") and rep["num_rows"] == 1500
 
 
-def test_roc_area_is_the_auc_and_calibration_bins_cover_every_row():
-    rng = np.random.default_rng()
+def test_roc_area_is_the_auc_and_calibration_bins_cover_every_row(seed):
+    rng = np.random.default_rng(seed)
     n = int(rng.integers(500, 5000))
     p = rng.random(n).round(int(rng.integers(1, 4)))  # ties included
     y = (rng.random(n) < p).astype(np.int8)
@@ -167,10 +167,10 @@ def test_roc_area_is_the_auc_and_calibration_bins_cover_every_row():
         roc_curve(np.ones(5), rng.random(5))
 
 
-def test_pictures_are_figures_for_every_kind_of_input():
+def test_pictures_are_figures_for_every_kind_of_input(seed):
     from recscale.evaluate import plots
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(seed)
     y = rng.integers(0, 2, 300)
     scored = {"a": (y, rng.random(300)), "b": (y, rng.random(300))}
     hist = {"loss": [{"step": s, "value": float(v)} for s, v in enumerate(rng.random(5))]}
@@ -184,10 +184,10 @@ def test_pictures_are_figures_for_every_kind_of_input():
         assert f.axes and f.canvas.get_width_height()[0] > 0
 
 
-def test_run_tags_name_the_run_after_pipeline_env_and_given_params():
+def test_run_tags_name_the_run_after_pipeline_env_and_given_params(seed):
     from recscale.hooks import run_tags
 
-    lr = float(np.random.default_rng().uniform(0.01, 0.5))
+    lr = float(np.random.default_rng(seed).uniform(0.01, 0.5))
     t = run_tags({"pipeline_names": ["dlrm"], "env": "sweep_optimizer",
                   "runtime_params": {"train": {"embedding_optimizer": {"learning_rate": lr}}}})
     given = f"train.embedding_optimizer.learning_rate={lr}"
@@ -230,16 +230,15 @@ def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_r
     """A warm start into larger tables (a grown vocabulary): every old row's weights and
     row-wise Adagrad state bitwise, every new row exactly a fresh model's of the new sizes,
     zero optimizer state there; shrinking fails naming the table and both sizes."""
-    from recscale.model.dlrm import ModelConfig
-    from recscale.train import TrainConfig
-    from recscale.train.api import build_model_for, load_state_into
+    from recscale.model import ModelConfig, load_state_into
+    from recscale.runconfig import TrainConfig, recipe_for
 
     model_cfg = ModelConfig(embedding_dim=4, bottom_mlp=(8, 4), top_mlp=(4, 1))
     train_cfg = parse(TrainConfig, {"seed": 5}, "train")
     names = [f"C{i + 1}" for i in range(26)]
     old_sizes = [3 + i for i in range(26)]
     new_sizes = [s + (i % 3) * 4 for i, s in enumerate(old_sizes)]  # some grow, some do not
-    old = build_model_for({"table_sizes": old_sizes}, model_cfg, train_cfg)
+    old = recipe_for({"table_sizes": old_sizes}, model_cfg, train_cfg).build()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained look: weights and optimizer state unlike any init
         for w, states in zip(old.embeddings.split_weights(),
@@ -248,9 +247,10 @@ def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_r
             for s in states:
                 s.copy_(torch.rand(s.shape, generator=g) + 0.5)
     manifest = {"table_sizes": new_sizes, "sparse_features": names}
-    grown = build_model_for(manifest, model_cfg, train_cfg)
-    load_state_into(grown, old.state_dict(), manifest, model_cfg, train_cfg, old_sizes)
-    fresh = build_model_for(manifest, model_cfg, train_cfg)
+    recipe = recipe_for(manifest, model_cfg, train_cfg)
+    grown = recipe.build()
+    load_state_into(grown, old.state_dict(), recipe, old_sizes, names)
+    fresh = recipe.build()
     tables = zip(old.embeddings.split_weights(), old.embeddings.split_optimizer_states(),
                  grown.embeddings.split_weights(), grown.embeddings.split_optimizer_states(),
                  fresh.embeddings.split_weights(), fresh.embeddings.split_optimizer_states())
@@ -265,9 +265,8 @@ def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_r
     assert all(torch.equal(a[k], b[k]) for k in a)
     bigger = [s + 1 for s in new_sizes]
     with pytest.raises(ValueError, match="table C1 would shrink from 4 to 3 rows"):
-        load_state_into(grown, build_model_for({"table_sizes": bigger}, model_cfg,
-                                               train_cfg).state_dict(),
-                        manifest, model_cfg, train_cfg, bigger)
+        load_state_into(grown, recipe.with_tables(bigger).build().state_dict(), recipe,
+                        bigger, names)
 
 
 def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model(tmp_path):

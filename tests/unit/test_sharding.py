@@ -31,7 +31,7 @@ from recscale.sharding import (
 )
 from recscale.sharding.context import PlanContext, option_costs
 from recscale.sharding.cost import CostModel, column_splits, row_blocks
-from recscale.sharding.enumerate import TableArrays, enumerate_options
+from recscale.sharding.option_grid import TableArrays, enumerate_options
 
 HIER = ("table_row_wise", "table_column_wise")
 

@@ -186,8 +186,7 @@ def test_a_rank_whose_shards_span_tiers_also_places_its_own_lookups():
 
 def test_the_interaction_is_costed_per_element_where_calibrated():
     from recscale.config import parse
-    from recscale.model import ModelConfig
-    from recscale.train.calibrate import dense_spec
+    from recscale.model import ModelConfig, dense_spec
 
     dot = dense_spec(ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(4, 1)), 3)
     f = 4  # 3 tables + the bottom MLP's output

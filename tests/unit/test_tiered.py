@@ -421,7 +421,7 @@ def _rss_anon() -> int:
 
 
 def test_a_table_larger_than_the_ram_budget_trains_from_ssd(tmp_path):
-    from recscale.embedding.placement import placements_from_plan
+    from recscale.embedding.tier_placement import placements_from_plan
     from recscale.sharding import TableSpec, Topology, plan_sharding
 
     rows, dims = (400_000, 3000, 500), (64, 64, 64)
@@ -465,7 +465,8 @@ def test_ram_budget_in_the_config_plans_tables_onto_ssd_and_training_matches(par
     train_dlrm (one process) trains them there, logs tier metrics, and ends with the same model
     as the all-in-memory run."""
     from recscale.model import ModelConfig
-    from recscale.train import DLRMConfig, TrainConfig, plan_for_run, train_dlrm
+    from recscale.runconfig import DLRMConfig, TrainConfig, plan_for_run
+    from recscale.train import train_dlrm
 
     # the 26 tables hold 5.3 MB (dim 16, row-wise Adagrad): the largest go to SSD
     tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path), "min_cache_rows": 256}

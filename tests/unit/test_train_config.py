@@ -7,8 +7,9 @@ import pytest
 
 from recscale.comm import CommsConfig
 from recscale.config import ConfigError, parse
+from recscale.runconfig import DLRMConfig, TrainConfig, plan_for_run
 from recscale.sharding import PlanMismatchError
-from recscale.train import DLRMConfig, TrainConfig, plan_for_run, train_dlrm
+from recscale.train import train_dlrm
 
 SMALL = {"model": {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]},
          "train": {"batch_size_per_rank": 512, "progress": "off", "max_steps": 2,

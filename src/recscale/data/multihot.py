@@ -37,13 +37,13 @@ from recscale.data.criteo import (
     SPARSE_NAMES,
     RejectLog,
 )
-from recscale.data.preprocess import (
+from recscale.data.processed import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
     SPLITS,
     PreprocessConfig,
     PreprocessReport,
-    _SplitWriter,
+    SplitWriter,
 )
 from recscale.data.synthetic import (
     BLOCK_ROWS,
@@ -256,7 +256,7 @@ def preprocess_multihot(
     bounds[-1] = total
     rejects_path = out / "rejects.tsv"
     rejects = RejectLog(path=rejects_path, total_lines=total, max_fraction=cfg.max_reject_fraction)
-    writers = {s: _SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size,
+    writers = {s: SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size,
                                cfg.compression, schema=model_input_schema()) for s in SPLITS}
     ids_per_feature = np.zeros(NUM_SPARSE, dtype=np.int64)
     written, offset = 0, 0

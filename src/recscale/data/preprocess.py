@@ -5,232 +5,54 @@ Dense counts: missing -> 0, negatives clamped to 0, then log1p (float32). Catego
 frequency-thresholded vocabulary built from the training rows (``recscale.data.vocab``; tables
 sized from it). Either way int64; a missing id stays null and becomes an empty bag in the batch.
 Two engines write the same splits (``engine``): ``pyarrow`` (worker processes on this host, here)
-and ``spark`` (``recscale.data.spark_preprocess``, on any Spark cluster). Rows keep their global row number (``row``: 0-based over the input files, in
+and ``spark`` (``recscale.data.spark_preprocess``, on any Spark cluster); what both write (the
+config, the split writers, the row accounting, the manifest) is ``recscale.data.processed``. Rows keep their global row number (``row``: 0-based over the input files, in
 order), so every row of the output traces back to a line of the input and the splits can be
 audited. Splits follow row order (Criteo convention: later rows are later in time).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from recscale.config import ConfigError, Validated, check, check_choice, to_dict
 from recscale.data.criteo import (
-    DENSE_NAMES,
     NUM_SPARSE,
-    SPARSE_NAMES,
-    CriteoBlock,
     RejectedRowsError,
     RejectLog,
     count_lines,
     read_criteo_tsv,
 )
-from recscale.data.vocab import (
-    VOCAB_NAME,
-    IdCounter,
-    VocabConfig,
-    Vocabulary,
-    build_vocabulary,
-    load_vocabulary,
+from recscale.data.processed import (  # noqa: F401  (SPLITS, PreprocessConfig, load_manifest ...: re-exported, the API)
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    SPLITS,
+    FileResult,
+    PreprocessConfig,
+    PreprocessReport,
+    SplitWriter,
+    finish_preprocess,
+    load_manifest,
+    merge_rejects,
+    prepare_output,
+    resolve_vocabulary,
+    split_bounds,
+    write_split_rows,
 )
+from recscale.data.spark_preprocess import preprocess_criteo_spark
+from recscale.data.vocab import IdCounter, Vocabulary
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("train", "validation", "test")
-MANIFEST_NAME = "_manifest.json"
-MANIFEST_FORMAT = "recscale-criteo-parquet/1"
-
-
-@dataclass(frozen=True)
-class PreprocessConfig(Validated):
-    # where the parquet splits, the manifest and the rejects file go
-    output_dir: str = "data/05_model_input/criteo_parquet"
-    # per-feature table sizes (26 ints); null -> hash_size_multiplier x the known cardinality
-    # (synthetic data) capped at max_table_size, or max_table_size when cardinalities are unknown
-    table_sizes: tuple[int, ...] | None = None
-    max_table_size: int = 1_000_000
-    # hashing ids into a table as large as the vocabulary makes ~37% of ids share a row;
-    # 4x makes it ~11% (what the default synthetic config uses)
-    hash_size_multiplier: float = 4.0
-    # fractions of the rows, in row order, for train / validation / test
-    splits: tuple[float, float, float] = (0.8, 0.1, 0.1)
-    row_group_size: int = 65536
-    chunk_bytes: int = 1 << 25
-    max_reject_fraction: float = 0.01
-    compression: str = "zstd"
-    workers: int = 1  # input files processed in parallel (separate processes)
-    # multi-hot input: a row whose bag holds more ids than this is rejected
-    max_bag_size: int = 256
-    # pyarrow: worker processes on this host; spark: the SparkSession's cluster (spark.yml)
-    engine: Literal["pyarrow", "spark"] = "pyarrow"
-    # hash: id modulo the table size; vocab: frequency-thresholded vocabulary (``vocab`` block)
-    ids: Literal["hash", "vocab"] = "hash"
-    vocab: VocabConfig = field(default_factory=VocabConfig)
-
-    def validate(self, prefix: str = "preprocess") -> None:
-        if self.table_sizes is not None:
-            check(len(self.table_sizes) == NUM_SPARSE and all(t >= 1 for t in self.table_sizes),
-                  f"{prefix}.table_sizes", self.table_sizes, f"{NUM_SPARSE} positive integers")
-        check(self.max_table_size >= 1, f"{prefix}.max_table_size", self.max_table_size, ">= 1")
-        check(self.hash_size_multiplier >= 1, f"{prefix}.hash_size_multiplier",
-              self.hash_size_multiplier, ">= 1")
-        check(all(f >= 0 for f in self.splits) and abs(sum(self.splits) - 1.0) < 1e-6,
-              f"{prefix}.splits", self.splits, "three non-negative fractions that sum to 1")
-        check(self.row_group_size >= 1, f"{prefix}.row_group_size", self.row_group_size, ">= 1")
-        check(self.chunk_bytes >= 1024, f"{prefix}.chunk_bytes", self.chunk_bytes, ">= 1024")
-        check(0 <= self.max_reject_fraction <= 1, f"{prefix}.max_reject_fraction",
-              self.max_reject_fraction, "a fraction in [0, 1]")
-        check(self.compression in ("zstd", "snappy", "gzip", "none"), f"{prefix}.compression",
-              self.compression, "one of zstd, snappy, gzip, none")
-        check(self.workers >= 1, f"{prefix}.workers", self.workers, ">= 1")
-        check(self.max_bag_size >= 1, f"{prefix}.max_bag_size", self.max_bag_size, ">= 1")
-        check_choice(f"{prefix}.engine", self.engine, ("pyarrow", "spark"))
-        check_choice(f"{prefix}.ids", self.ids, ("hash", "vocab"))
-        if self.ids == "vocab" and self.table_sizes is not None:
-            raise ConfigError(f"{prefix}.table_sizes={list(self.table_sizes)} cannot be used with "
-                              f"{prefix}.ids='vocab': the vocabulary sizes the tables (set it to null)")
-
-    def resolve_table_sizes(self, hint: Sequence[int] | None = None) -> tuple[int, ...]:
-        if self.table_sizes is not None:
-            return tuple(self.table_sizes)
-        if hint is not None:
-            return tuple(min(self.max_table_size, math.ceil(h * self.hash_size_multiplier))
-                         for h in hint)
-        return (self.max_table_size,) * NUM_SPARSE
-
-
-def parquet_schema() -> pa.Schema:
-    fields = [pa.field("row", pa.int64(), nullable=False), pa.field("label", pa.int8(), nullable=False)]
-    fields += [pa.field(n, pa.float32(), nullable=False) for n in DENSE_NAMES]
-    fields += [pa.field(n, pa.int64()) for n in SPARSE_NAMES]
-    return pa.schema(fields)
-
-
-def map_ids(sparse: np.ndarray, table_sizes: np.ndarray, vocab: Vocabulary | None) -> np.ndarray:
-    """Raw 32-bit ids [n, 26] -> embedding rows: hashed into the tables, or looked up in ``vocab``."""
-    if vocab is None:
-        return sparse.astype(np.int64) % table_sizes[None, :]
-    return np.stack([vocab.lookup(j, sparse[:, j]) for j in range(sparse.shape[1])], axis=1) \
-        if len(sparse) else np.zeros(sparse.shape, np.int64)
-
-
-def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray,
-                    vocab: Vocabulary | None = None) -> pa.Table:
-    """Parsed rows -> model-ready columns (see module docstring)."""
-    dense = np.log1p(np.maximum(block.dense, 0).astype(np.float64)).astype(np.float32)
-    dense[~block.dense_present] = 0.0
-    ids = map_ids(block.sparse, table_sizes, vocab)
-    cols = [pa.array(block.line - 1 + row_offset), pa.array(block.label)]
-    cols += [pa.array(dense[:, j]) for j in range(dense.shape[1])]
-    cols += [pa.array(ids[:, j], mask=~block.sparse_present[:, j]) for j in range(NUM_SPARSE)]
-    return pa.Table.from_arrays(cols, schema=parquet_schema())
-
-
-class _SplitWriter:
-    """Buffers rows and writes parquet row groups of exactly ``row_group_size`` (last may be short)."""
-
-    def __init__(self, path: Path, row_group_size: int, compression: str, keep_empty: bool = True,
-                 schema: pa.Schema | None = None):
-        self.keep_empty = keep_empty
-        self.schema = schema if schema is not None else parquet_schema()
-        self.path = path
-        self.row_group_size = row_group_size
-        self.compression = None if compression == "none" else compression
-        self.pending: list[pa.Table] = []
-        self.n_pending = 0
-        self.rows = 0
-        self.row_groups = 0
-        self.writer: pq.ParquetWriter | None = None
-
-    def write(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
-            return
-        self.pending.append(table)
-        self.n_pending += table.num_rows
-        while self.n_pending >= self.row_group_size:
-            self._flush(self.row_group_size)
-
-    def _flush(self, n: int) -> None:
-        merged = pa.concat_tables(self.pending)
-        head, tail = merged.slice(0, n), merged.slice(n)
-        if self.writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.path, self.schema, compression=self.compression)
-        self.writer.write_table(head, row_group_size=n)
-        self.rows += head.num_rows
-        self.row_groups += 1
-        self.pending = [tail] if tail.num_rows else []
-        self.n_pending = tail.num_rows
-
-    def close(self) -> None:
-        if self.n_pending:
-            self._flush(self.n_pending)
-        if self.writer is not None:
-            self.writer.close()
-        elif self.keep_empty:  # an empty split still gets a readable file
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(self.schema.empty_table(), self.path)
-
-
-@dataclass(frozen=True)
-class PreprocessReport:
-    out_dir: str
-    manifest_path: str
-    lines_read: int
-    rows_written: int
-    rows_rejected: int
-    rejects_path: str
-    rejects_by_reason: dict
-    split_rows: dict
-    table_sizes: tuple[int, ...]
-    pooling_factors: tuple[float, ...]
-    vocabulary_path: str | None = None
-
-    def to_dict(self) -> dict:
-        return to_dict(self)
-
-
-@dataclass
-class _FileResult:
-    index: int
-    split_files: dict  # split -> (path, rows, row_groups) or absent
-    written: int
-    rejected: int
-    by_reason: dict
-    present: np.ndarray
-
-
-def write_split_rows(block: CriteoBlock, offset: int, table_sizes: np.ndarray,
-                     vocab: Vocabulary | None, bounds: np.ndarray, writers: dict,
-                     present: np.ndarray) -> np.ndarray:
-    """One parsed block -> its rows appended to each split's writer (``bounds``: where each split
-    starts, in global rows), its present ids counted into ``present``; -> the block's rows. Both
-    engines write through this."""
-    table = transform_block(block, offset, table_sizes, vocab)
-    rows = block.line - 1 + offset
-    present += block.sparse_present.sum(axis=0)
-    cut = np.searchsorted(rows, bounds, side="left")
-    lo = 0
-    for split, hi in zip(SPLITS, cut):
-        writers[split].write(table.slice(lo, hi - lo))
-        lo = hi
-    return rows
 
 
 def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, total: int,
                      table_sizes: np.ndarray, vocab: Vocabulary | None, cfg: PreprocessConfig,
-                     out: Path, progress: Callable[[int, int], None] | None = None) -> _FileResult:
+                     out: Path, progress: Callable[[int, int], None] | None = None) -> FileResult:
     """One input file -> its part of each split (``<split>/part-<index>.parquet``), streaming."""
     try:  # hand freed chunk memory back at once, so peak RSS tracks the chunk, not the file
         pa.jemalloc_set_decay_ms(0)
@@ -238,7 +60,7 @@ def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, tot
         pass
     rejects_path = out / "rejects" / f"part-{index:05d}.tsv"
     rejects = RejectLog(path=rejects_path, total_lines=total, max_fraction=cfg.max_reject_fraction)
-    writers = {s: _SplitWriter(out / s / f"part-{index:05d}.parquet", cfg.row_group_size,
+    writers = {s: SplitWriter(out / s / f"part-{index:05d}.parquet", cfg.row_group_size,
                                cfg.compression, keep_empty=False) for s in SPLITS}
     present = np.zeros(NUM_SPARSE, dtype=np.int64)
     written = 0
@@ -253,7 +75,7 @@ def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, tot
         for w in writers.values():
             w.close()
     files = {s: (str(w.path), w.rows, w.row_groups) for s, w in writers.items() if w.rows}
-    return _FileResult(index, files, written, rejects.count, dict(rejects.by_reason), present)
+    return FileResult(index, files, written, rejects.count, dict(rejects.by_reason), present)
 
 
 def _run_jobs(jobs, cfg, line_counts, total, results, progress) -> None:
@@ -274,46 +96,6 @@ def _run_jobs(jobs, cfg, line_counts, total, results, progress) -> None:
     else:
         for job in jobs:
             results.append(_preprocess_file(*job, progress=progress))
-
-
-def _merge_rejects(out: Path, rejects_path: Path) -> None:
-    """The per-file rejects, in input order, into one rejects.tsv."""
-    parts = sorted((out / "rejects").glob("part-*.tsv"))
-    with open(rejects_path, "w", encoding="utf-8") as fh:
-        fh.write("file\tline\treason\ttext\n")
-        for part_path in parts:
-            with open(part_path, encoding="utf-8") as part:
-                next(part, None)
-                fh.writelines(part)
-            os.remove(part_path)
-
-
-def prepare_output(out_dir: str | os.PathLike) -> Path:
-    """The output folder, without parts of an earlier run (a rerun must not mix them in)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("*/part-*.parquet")) + list(out.glob("rejects/part-*.tsv")):
-        stale.unlink()
-    return out
-
-
-def split_bounds(total: int, splits: Sequence[float]) -> np.ndarray:
-    """First row past each split (train, validation, test), in row order."""
-    bounds = np.floor(np.cumsum(splits) * total + 1e-9).astype(np.int64)
-    bounds[-1] = total
-    return bounds
-
-
-def resolve_vocabulary(counter: IdCounter, cfg: PreprocessConfig, out: Path) -> tuple[Vocabulary, str]:
-    """Counts of the training rows -> the vocabulary (grown from ``cfg.vocab.path`` if given),
-    saved as ``out/vocabulary.parquet``."""
-    existing = load_vocabulary(cfg.vocab.path) if cfg.vocab.path else None
-    vocab = build_vocabulary(counter, cfg.vocab, existing)
-    path = vocab.save(out / VOCAB_NAME)
-    log.info("vocabulary: %d ids over %d features (min_count=%d, max_size=%s%s) -> %s",
-             sum(len(a) for a in vocab.ids), len(vocab.ids), cfg.vocab.min_count,
-             cfg.vocab.max_size, f", grown from {cfg.vocab.path}" if existing else "", path)
-    return vocab, path
 
 
 def _count_train_ids(files: Sequence[str | os.PathLike], offsets: np.ndarray, train_end: int,
@@ -348,8 +130,6 @@ def preprocess_criteo(
     ``progress(lines_done, lines_total)`` is called as work completes.
     """
     if cfg.engine == "spark":
-        from recscale.data.spark_preprocess import preprocess_criteo_spark
-
         return preprocess_criteo_spark(files, out_dir, cfg, table_size_hint, progress, spark=spark)
     out = prepare_output(out_dir)
     line_counts = [count_lines(f) for f in files]
@@ -365,86 +145,13 @@ def preprocess_criteo(
         table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
     jobs = [(i, str(f), int(o), bounds, total, table_sizes, vocab, cfg, out)
             for i, (f, o) in enumerate(zip(files, offsets))]
-    results: list[_FileResult] = []
+    results: list[FileResult] = []
     rejects_path = out / "rejects.tsv"
     try:
         _run_jobs(jobs, cfg, line_counts, total, results, progress)
     except RejectedRowsError as exc:
-        _merge_rejects(out, rejects_path)
+        merge_rejects(out, rejects_path)
         raise RejectedRowsError(f"{exc} All rejected lines so far: {rejects_path}") from None
     return finish_preprocess(out, files, cfg, total, results, table_sizes, vocab_path)
 
 
-def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: PreprocessConfig,
-                      total: int, results: list[_FileResult], table_sizes: np.ndarray,
-                      vocab_path: str | None = None) -> PreprocessReport:
-    """The parts every engine wrote -> rejects.tsv, the threshold check, the row accounting and
-    the manifest. ``results``: one per part, in any order (``index`` orders them by row)."""
-    table_sizes = np.asarray(table_sizes, dtype=np.int64)
-    rejects_path = out / "rejects.tsv"
-    _merge_rejects(out, rejects_path)
-    results = sorted(results, key=lambda r: r.index)
-    n_rejected = sum(r.rejected for r in results)
-    by_reason: dict[str, int] = {}
-    for r in results:
-        for k, v in r.by_reason.items():
-            by_reason[k] = by_reason.get(k, 0) + v
-    written = sum(r.written for r in results)
-    if total and n_rejected > cfg.max_reject_fraction * total:
-        raise RejectedRowsError(
-            f"{n_rejected} of {total} input lines rejected (more than max_reject_fraction="
-            f"{cfg.max_reject_fraction}); see {rejects_path} for every rejected line and its reason.")
-    present = np.sum([r.present for r in results], axis=0) if results else np.zeros(NUM_SPARSE)
-    pooling = (present / max(written, 1)).round(6)
-    splits = {}
-    for s in SPLITS:
-        parts = [r.split_files[s] for r in results if s in r.split_files]
-        if not parts:  # an empty split still gets a readable file
-            empty = out / s / "part-empty.parquet"
-            empty.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(parquet_schema().empty_table(), empty)
-            parts = [(str(empty), 0, 0)]
-        splits[s] = {"files": [p[0] for p in parts], "rows": int(sum(p[1] for p in parts)),
-                     "row_groups": int(sum(p[2] for p in parts))}
-    split_rows = {s: splits[s]["rows"] for s in SPLITS}
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "source_files": [str(f) for f in files],
-        "lines_read": total,
-        "rows_written": written,
-        "rows_rejected": n_rejected,
-        "rejects_path": str(rejects_path),
-        "splits": splits,
-        "dense_features": list(DENSE_NAMES),
-        "sparse_features": list(SPARSE_NAMES),
-        "table_sizes": table_sizes.tolist(),
-        "pooling_factors": pooling.tolist(),
-        "engine": cfg.engine,
-        "ids": cfg.ids,
-        "vocabulary_path": vocab_path,
-        "config": to_dict(cfg),
-    }
-    if written + n_rejected != total:
-        raise RuntimeError(f"row accounting failed: {written} written + {n_rejected} rejected "
-                           f"!= {total} lines read")
-    manifest_path = out / MANIFEST_NAME
-    manifest_path.write_text(json.dumps(manifest, indent=2))
-    log.info("preprocessed %d lines: %d rows written (%s), %d rejected -> %s",
-             total, written, split_rows, n_rejected, rejects_path)
-    return PreprocessReport(
-        out_dir=str(out), manifest_path=str(manifest_path), lines_read=total,
-        rows_written=written, rows_rejected=n_rejected, rejects_path=str(rejects_path),
-        rejects_by_reason=by_reason, split_rows=split_rows,
-        table_sizes=tuple(table_sizes.tolist()), pooling_factors=tuple(pooling.tolist()),
-        vocabulary_path=vocab_path,
-    )
-
-
-def load_manifest(path: str | os.PathLike) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        p = p / MANIFEST_NAME
-    manifest = json.loads(p.read_text())
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{p} is not a recscale parquet manifest (format {manifest.get('format')!r})")
-    return manifest

@@ -44,12 +44,12 @@ from pathlib import Path
 import numpy as np
 
 from recscale.data.criteo import NUM_SPARSE, RejectLog, _parse_block
-from recscale.data.preprocess import (
+from recscale.data.processed import (
     SPLITS,
+    FileResult,
     PreprocessConfig,
     PreprocessReport,
-    _FileResult,
-    _SplitWriter,
+    SplitWriter,
     finish_preprocess,
     prepare_output,
     resolve_vocabulary,
@@ -230,7 +230,7 @@ def _block_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_s
         vocab = vocab_bc.value if vocab_bc is not None else None
         blk = b["blk"]
         rejects = RejectLog(path=Path(out) / "rejects" / f"part-{blk:05d}.tsv", max_fraction=1.0)
-        writers = {s: _SplitWriter(Path(out) / s / f"part-{blk:05d}.parquet", cfg.row_group_size,
+        writers = {s: SplitWriter(Path(out) / s / f"part-{blk:05d}.parquet", cfg.row_group_size,
                                    cfg.compression, keep_empty=False) for s in SPLITS}
         present = np.zeros(NUM_SPARSE, dtype=np.int64)
         written = 0
@@ -310,12 +310,12 @@ def preprocess_criteo_spark(
         log.info("spark: vocabulary counted (%.1f s)", time.perf_counter() - t0)
     else:
         table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
-    results: list[_FileResult] = []
+    results: list[FileResult] = []
     if blocks:
         sources = {b["blk"]: files[b["file"]] for b in blocks}
         writer = _block_writer(str(out.resolve()), sources, bounds, table_sizes, vocab_bc, cfg)
         for r in _map_blocks(spark, blocks, writer, _RESULT_SCHEMA).collect():
-            results.append(_FileResult(
+            results.append(FileResult(
                 index=int(r["blk"]),
                 split_files={s: tuple(v) for s, v in json.loads(r["split_files"]).items()},
                 written=int(r["written"]), rejected=int(r["rejected"]),

@@ -59,7 +59,7 @@ def launch(fn: Callable[..., Any], args: tuple, cfg: LaunchConfig, run_id: str |
 
     Several hosts (``cfg.nnodes`` > 1 or a range): every host calls this with the same
     ``run_id``; ``external_store``: the rendezvous store at ``cfg.rdzv_endpoint`` is served by
-    someone else (the driver's :class:`recscale.distributed.job.JobServer`)."""
+    someone else (the driver's :class:`recscale.distributed.job_store.JobServer`)."""
     if in_torchrun():
         return {int(os.environ["RANK"]): fn(*args)}
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs

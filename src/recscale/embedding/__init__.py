@@ -20,14 +20,6 @@ FBGEMM_VERSION = check_fbgemm()
 
 from recscale.embedding.api import EmbeddingCollection, LocalCollection, TableShard  # noqa: E402
 from recscale.embedding.cache import CacheTooSmallError, TieredEmbeddingBags  # noqa: E402
-from recscale.embedding.placement import (  # noqa: E402
-    MultiTierEmbeddingBags,
-    Placement,
-    build_embedding_bags,
-    managed_caching_bags,
-    merge_tier_stats,
-    placement_for,
-)
 from recscale.embedding.tbe import (  # noqa: E402
     EMBEDDING_OPTIMIZERS,
     EmbeddingOptimizerConfig,
@@ -36,6 +28,14 @@ from recscale.embedding.tbe import (  # noqa: E402
     table_init,
 )
 from recscale.embedding.tier_config import TierConfig  # noqa: E402
+from recscale.embedding.tier_placement import (  # noqa: E402
+    MultiTierEmbeddingBags,
+    Placement,
+    build_embedding_bags,
+    managed_caching_bags,
+    merge_tier_stats,
+    placement_for,
+)
 
 __all__ = [
     "EMBEDDING_OPTIMIZERS",

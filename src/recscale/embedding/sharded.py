@@ -51,7 +51,6 @@ from recscale.embedding.api import TableShard, assemble_tables
 from recscale.embedding.columns import inverse_permutation, place_columns
 from recscale.embedding.hierarchical import HierarchicalExchange
 from recscale.embedding.input_dist import InputDist, Routes, arrange_received
-from recscale.embedding.placement import build_embedding_bags, placement_for
 from recscale.embedding.sharded_autograd import (
     ColumnShardRowwiseAdagrad,
     GradScale,
@@ -64,6 +63,7 @@ from recscale.embedding.tbe import (
     table_init,
 )
 from recscale.embedding.tier_config import TierConfig
+from recscale.embedding.tier_placement import build_embedding_bags, placement_for
 from recscale.sharding import ShardingPlan
 
 

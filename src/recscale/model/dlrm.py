@@ -180,7 +180,7 @@ def build_dlrm(
 
     dims = [cfg.embedding_dim] * len(table_sizes)
     if placements is not None and any(p.kind != "memory" for p in placements):
-        from recscale.embedding.placement import build_embedding_bags
+        from recscale.embedding.tier_placement import build_embedding_bags
 
         emb = build_embedding_bags(table_sizes, dims, embedding_optimizer, placements, tiers,
                                    device=device, seed=seed)
@@ -188,20 +188,3 @@ def build_dlrm(
         emb = FusedEmbeddingBags(table_sizes, dims, embedding_optimizer, device=device, seed=seed)
     model = DLRM(num_dense, len(table_sizes), cfg, emb, seed=seed)
     return model.to(device)
-
-
-def copy_tables(dst: DLRM, tables, states, dense_state: dict) -> None:
-    """Whole tables, their embedding-optimizer states (per table, as ``split_optimizer_states``
-    gives them) and the dense arch's state into a one-process ``dst`` on any device or tier.
-    fbgemm keeps tables in device-specific buffers (weights_dev on CUDA, weights_host on the CPU)
-    and a tiered module keeps them on its slow tier, so state_dicts do not carry over: copy into
-    each table's views, then make a slow tier's copy durable."""
-    emb = dst.embeddings
-    with torch.no_grad():
-        for view, w in zip(emb.split_weights(), tables):
-            view.copy_(w)
-        for views, saved in zip(emb.split_optimizer_states() or [], states or []):
-            for view, x in zip(views, saved):
-                view.copy_(x.view_as(view))
-    emb.flush()
-    dst.dense.load_state_dict(dense_state)

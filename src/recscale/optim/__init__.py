@@ -1,8 +1,9 @@
 """Optimizers: distributed Hessian-free (truncated Newton) with negative-curvature steps.
 
-No Kedro or MLflow here. ``HessianFree`` is a ``torch.optim.Optimizer`` driven by closures;
-``recscale.optim.trainer`` trains fully connected classifiers with it (1 or more ranks) and with
-SGD/Adam baselines on the same data.
+No Kedro or MLflow here. ``HessianFree`` is a ``torch.optim.Optimizer`` driven by closures
+(curvature products in ``curvature.py``, CG and Bi-CG-STAB in ``solvers.py``, data-parallel
+reductions in ``distributed.py``). Its users: the DLRM's dense arch (``recscale.train.hf_step``)
+and the MNIST / spoken-digit application (``recscale.hf``).
 """
 
 from recscale.optim.config import HessianFreeConfig

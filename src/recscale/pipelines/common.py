@@ -7,7 +7,7 @@ import math
 from kedro.pipeline import Node
 
 from recscale.config import parse
-from recscale.train import DLRMConfig
+from recscale.runconfig import DLRMConfig
 
 DLRM_BLOCKS = ("data", "preprocess", "sharding", "comms", "model", "train", "evaluate")
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from recscale.config import Validated, check, check_choice
-from recscale.train import DLRMConfig
+from recscale.runconfig import DLRMConfig
 
 WARM_START_SOURCES = ("checkpoint", "latest", "champion")
 

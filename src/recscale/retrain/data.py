@@ -4,7 +4,7 @@
 ``preprocess.ids: hash``: the ids hash into the warm model's table sizes. ``ids: vocab``: the
 warm model's vocabulary grows append-only (``vocab.path``), so existing ids keep their rows and
 new frequent ids get rows after them; the warm start then grows its tables to the new sizes
-(``recscale.train.api.load_state_into``). The vocabulary of every model the retrain trains is
+(``recscale.model.load_state_into``). The vocabulary of every model the retrain trains is
 kept under ``<retrain.model_dir>/vocabularies/``, named by its table sizes: an append-only
 vocabulary is a prefix of its successors, so within one lineage the sizes name it (the next
 retrain finds it from any warm-start source's table sizes and checks that they agree).

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recscale.evaluate import metrics_with_oracle
-from recscale.train import model_from_resolved, score_split
+from recscale.model import model_from_resolved
+from recscale.scoring import score_split
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 
 from recscale.config import ConfigError
+from recscale.model import check_table_growth
 from recscale.retrain.config import DLRMRetrainConfig
-from recscale.train import TrainOutcome, plan_for_run, train_dlrm
-from recscale.train.api import check_table_growth
+from recscale.runconfig import plan_for_run
+from recscale.train import TrainOutcome, train_dlrm
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +140,11 @@ def checkpoint_state(path: str, table_sizes: list[int], manifest: dict,
                      cfg: DLRMRetrainConfig) -> dict[str, torch.Tensor]:
     """A checkpoint of a model with ``table_sizes`` -> its in-memory CPU state_dict (tables,
     embedding-optimizer state, dense layers; not the dense optimizer's state)."""
-    from recscale.train.api import build_model_for
-    from recscale.train.checkpoint import CheckpointConfig, Checkpointer, model_fingerprint
+    from recscale.runconfig import CheckpointConfig, recipe_for
+    from recscale.train.checkpoint import Checkpointer, model_fingerprint
 
     old = {**manifest, "table_sizes": table_sizes}
-    model = build_model_for(old, cfg.model, cfg.train, "cpu")
+    model = recipe_for(old, cfg.model, cfg.train).build("cpu")
     ckpt = Checkpointer(CheckpointConfig(dir=os.path.dirname(path), resume="never",
                                          init_from=path), "read-only",
                         fingerprint=model_fingerprint(old, cfg.model, cfg.train))

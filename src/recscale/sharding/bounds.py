@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost import DP, CostModel
-from .enumerate import TableArrays, enumerate_options
+from .option_grid import TableArrays, enumerate_options
 from .topology import Topology
 from .types import TIERS, PlannerOptions, TableSpec
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cost import DP, TIER_INDEX, CostModel
-from .enumerate import OptionGrid, TableArrays, enumerate_options
+from .option_grid import OptionGrid, TableArrays, enumerate_options
 from .topology import Topology
 from .types import TIERS, PlannerOptions
 

@@ -57,6 +57,18 @@ class ShardCosts:
         return self.compute + self.comms
 
 
+def lookup_bytes(ids, distinct_fraction, bags, dim, weight_bytes, opt_row, opt_elem):
+    """The bytes a lookup + fused update of ``ids`` ids moves (the cost model's one formula, which
+    the planner's shards and the machine's fits, ``cost_fit``, both use): in the shard's tier, a
+    row read per id and, per distinct id (``distinct_fraction`` of them), the row and its
+    optimizer state (``opt_row`` bytes a row + ``opt_elem`` an element) read and written; in the
+    compute tier, the ``bags`` pooled vectors (fp32) and their gradients. All arguments
+    broadcast. -> (tier bytes, compute-tier bytes)."""
+    opt = opt_row + opt_elem * dim  # optimizer bytes per row
+    return (ids * (dim * weight_bytes + distinct_fraction * (2 * dim * weight_bytes + 2 * opt)),
+            2 * bags * dim * 4)
+
+
 class CostModel:
     """Cost of shards of tables on one topology for one local batch size."""
 
@@ -134,7 +146,6 @@ class CostModel:
         cache = np.where(tier == self.compute_tier, 0.0, np.asarray(cache, dtype=float))
         B, W, Lw = self.B, float(self.W), float(self.Lw)
         wb, ib = self.wb, self.ib
-        opt = self.opt_row + self.opt_elem * cols  # optimizer bytes per row of this shard
         spb = self.seconds_per_byte(tier, cache)
         cpb = 1.0 / self.bw[self.compute_tier]
         storage = self.storage_bytes(rows, cols)
@@ -142,8 +153,9 @@ class CostModel:
         # a replica, as the runtime runs it, looks up the global batch and applies the same fused
         # update as every other replica: a whole table-wise shard's compute on every rank
         lookups = vec * L if kind == DP else vec * L * rows / N
-        compute = (lookups * (cols * wb + U * (2 * cols * wb + 2 * opt)) * spb
-                   + 2 * vec * cols * 4 * cpb
+        tier_bytes, compute_bytes = lookup_bytes(lookups, U, vec, cols, wb, self.opt_row,
+                                                 self.opt_elem)
+        compute = (tier_bytes * spb + compute_bytes * cpb
                    + lookups * (self.per_item(self.id_s, tier, cache)
                                 + U * self.per_item(self.row_s, tier, cache)) + vec * self.bag_s)
         io = lookups * ib + vec * 4 + 2 * vec * cols * 4

@@ -48,10 +48,10 @@ from __future__ import annotations
 import numpy as np
 
 from .context import PlanContext
-from .enumerate import TableArrays
 from .local_search import improve
-from .placement import place
+from .option_grid import TableArrays
 from .proposals import price_options, select, split_dominant
+from .rank_placement import place
 from .shards import Solution, better, build_layout
 from .tiering import TierAssignment, assign_tiers, choose_data_parallel, only_data_parallel
 from .topology import Topology

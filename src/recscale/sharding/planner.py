@@ -12,7 +12,7 @@ import numpy as np
 from recscale.config import ConfigError, check
 
 from .cost import DP
-from .enumerate import TableArrays
+from .option_grid import TableArrays
 from .partition import solve
 from .plan import RankPlan, ShardingPlan, ShardSpec, TablePlan
 from .shards import Solution

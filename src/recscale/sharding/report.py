@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .plan import ShardingPlan
-    from .step_time import StepPrediction
 
 
 def _ms(seconds: float) -> str:
@@ -91,33 +90,6 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
         for t in tiers:
             row += f"  {_gb(r.memory(t)) + ' / ' + _gb(topo.capacity(t)):>18}"
         lines.append(row)
-    return "\n".join(lines)
-
-
-def format_step_report(pred: StepPrediction, measured: dict[str, float] | None = None,
-                       max_rows: int = 20) -> str:
-    """Predicted per-rank step time (compute, exposed communication) beside what a run measured
-    (``rank{r}.step_ms`` / ``compute_ms`` / ``comm_ms`` from its metrics), with measured /
-    predicted."""
-    m = measured or {}
-    W = len(pred.compute)
-    lines = [f"step time per rank, predicted{' vs measured' if m else ''} "
-             f"(ms; predicted step {_ms(pred.step)} ms)"]
-    head = f"{'rank':>4}  {'compute pred':>12}  {'comm pred':>9}  {'step pred':>9}"
-    if m:
-        head += f"  {'compute meas':>12}  {'comm meas':>9}  {'step meas':>9}  {'meas/pred':>9}"
-    lines.append(head)
-    for r in range(min(W, max_rows)):
-        row = (f"{r:>4}  {_ms(pred.compute[r]):>12}  {_ms(pred.comm[r]):>9}  "
-               f"{_ms(pred.step):>9}")
-        if m:
-            got = m.get(f"rank{r}.step_ms", float("nan"))
-            row += (f"  {m.get(f'rank{r}.compute_ms', float('nan')):>12.3f}  "
-                    f"{m.get(f'rank{r}.comm_ms', float('nan')):>9.3f}  {got:>9.3f}  "
-                    f"{got / (pred.step * 1e3) if pred.step else float('nan'):>9.3f}")
-        lines.append(row)
-    if W > max_rows:
-        lines.append(f"... {W - max_rows} more ranks")
     return "\n".join(lines)
 
 

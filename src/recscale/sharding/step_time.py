@@ -268,20 +268,3 @@ def predict_step(plan: ShardingPlan, dense: DenseSpec | None = None, pipelined: 
              "output_grad": out_bwd, "exposed": comm_own}
     return StepPrediction(tuple(float(x) for x in compute), tuple(float(x) for x in comm), step,
                           {k: tuple(float(x) for x in v) for k, v in parts.items()})
-
-
-def step_time_against_plan(measured: dict[str, float], pred: StepPrediction) -> dict[str, float]:
-    """Per rank: predicted step / compute / comm ms and measured / predicted, from the run's
-    ``rank{r}.step_ms`` / ``compute_ms`` / ``comm_ms``; ``step_ms.*`` over the slowest rank."""
-    out: dict[str, float] = {}
-    for r, (c, m) in enumerate(zip(pred.compute, pred.comm)):
-        for key, p in (("step_ms", pred.step), ("compute_ms", c), ("comm_ms", m)):
-            got = measured.get(f"rank{r}.{key}", float("nan"))
-            out[f"rank{r}.{key}.predicted"] = p * 1e3
-            out[f"rank{r}.{key}.measured_over_predicted"] = got / (p * 1e3) if p > 0 else float("nan")
-    got = max((measured.get(f"rank{r}.step_ms", float("nan")) for r in range(len(pred.compute))),
-              default=float("nan"))
-    out["step_ms.predicted"] = pred.step * 1e3
-    out["step_ms.measured"] = got
-    out["step_ms.measured_over_predicted"] = got / (pred.step * 1e3) if pred.step > 0 else float("nan")
-    return out

@@ -1,39 +1,21 @@
-"""Training: typed config, the one training loop and its runtimes, checkpoints, and the
-train/evaluate entry points the Kedro nodes call."""
+"""Training, and only training: the entry point (``entry.py``: ``train_dlrm``, one process,
+sharded, tiered or across hosts; ``resolved_config``), the one loop (``loop.py``, with its
+overlap policies in ``overlap.py`` and deliberate faults in ``faults.py``), the runtimes
+(``runtime.py``: one process, one rank of the sharded runtime), the steps (``step.py``,
+``hf_step.py``), checkpoints (``checkpoint.py`` writes, ``checkpoint_files.py`` reads), and the
+workers (``rank.py``: what every rank runs; ``job_worker.py``: a rank of a job across hosts).
 
-from recscale.train.api import (
-    TrainOutcome,
-    TrainResult,
-    build_model_for,
-    model_from_resolved,
-    plan_for_run,
-    resolved_config,
-    train_dlrm,
-)
-from recscale.train.config import (
-    DenseOptimizerConfig,
-    DLRMConfig,
-    EvaluateConfig,
-    TrainConfig,
-)
-from recscale.train.evaluation import Scores, evaluate_dlrm, score_split
+The run's configuration is ``recscale.runconfig``; a run's summary and its reports against the
+plan are ``recscale.report``; scoring a trained model is ``recscale.scoring``; a trained model
+between devices and tiers is ``recscale.model.convert``."""
+
+from recscale.train.entry import TrainOutcome, resolved_config, train_dlrm
 from recscale.train.step import NonFiniteLossError, TrainStep
 
 __all__ = [
-    "DLRMConfig",
-    "DenseOptimizerConfig",
-    "EvaluateConfig",
     "NonFiniteLossError",
-    "Scores",
-    "TrainConfig",
     "TrainOutcome",
-    "TrainResult",
     "TrainStep",
-    "build_model_for",
-    "evaluate_dlrm",
-    "model_from_resolved",
-    "plan_for_run",
     "resolved_config",
-    "score_split",
     "train_dlrm",
 ]

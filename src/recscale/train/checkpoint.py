@@ -26,7 +26,6 @@ import shutil
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,8 +33,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from recscale.config import Validated, check
 from recscale.embedding import TableShard
+from recscale.runconfig import CheckpointConfig
 from recscale.train.checkpoint_files import (
     FORMAT_VERSION,
     MANIFEST,
@@ -56,32 +55,6 @@ from recscale.train.checkpoint_files import (
 log = logging.getLogger(__name__)
 # DCP logs every save/load phase at DEBUG on its own logger; that drowns a test's captured log
 logging.getLogger("c10d-NullHandler-dcp_logger").setLevel(logging.INFO)
-
-RESUME_MODES = ("restart", "latest", "never")
-
-
-@dataclass(frozen=True)
-class CheckpointConfig(Validated):
-    """``train.checkpoint``: where and how often to checkpoint, and what to resume from."""
-
-    dir: str | None = None  # null: no checkpoints
-    every_steps: int = 0  # 0: only at the end of training
-    keep_last: int = 2
-    # restart: resume only from this launch's own checkpoints (elastic restarts after a failure);
-    # latest: the newest valid checkpoint under dir, of any run (continue a stopped job, or
-    # reshard it to another world size); never; or the path of one step directory
-    resume: str = "restart"
-    # a checkpoint (step directory) whose model and optimizer state start this run when there is
-    # nothing to resume: a warm start on new data, counters and data position from zero
-    init_from: str | None = None
-
-    def validate(self, prefix: str = "train.checkpoint") -> None:
-        check(self.every_steps >= 0, f"{prefix}.every_steps", self.every_steps, ">= 0 (0: at the end only)")
-        check(self.keep_last >= 1, f"{prefix}.keep_last", self.keep_last, ">= 1")
-        check(self.resume in RESUME_MODES or os.sep in self.resume or self.resume.startswith("step-"),
-              f"{prefix}.resume", self.resume,
-              f"one of {RESUME_MODES} or the path of a checkpoint's step directory")
-
 
 def model_fingerprint(manifest: dict, model_cfg, train_cfg) -> dict:
     """What a checkpoint must agree on to be loaded into a model (any world size or plan)."""

@@ -8,7 +8,7 @@ import logging
 import os
 
 from recscale.data.batch import Batch
-from recscale.train.config import TrainConfig
+from recscale.runconfig import TrainConfig
 
 log = logging.getLogger(__name__)
 

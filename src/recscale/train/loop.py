@@ -30,8 +30,8 @@ from recscale.data.batch import Batch
 from recscale.data.loader import empty_columns, to_batch
 from recscale.data.work import Work, normalize, remaining, rows, share, split
 from recscale.progress import Progress
+from recscale.runconfig import TrainConfig
 from recscale.train.checkpoint import Checkpointer, dense_tensors
-from recscale.train.config import TrainConfig
 from recscale.train.faults import maybe_kill, maybe_poison
 from recscale.train.overlap import OverlapPolicy
 from recscale.train.runtime import Runtime
@@ -56,20 +56,11 @@ class EpochData:
     batch_size: int | None = None
 
 
-SPLIT_KEYS = ("intra_host", "inter_host", "embedding.intra_host", "embedding.inter_host")
 # the first steps of a process are not the step it runs: the first allocates every buffer and
 # opens gloo's connections, and DDP rebuilds its gradient buckets after the first backward, so
 # the second allocates again (measured: 1.5-3x the steps after). The per-step time split
 # (summarize's rank<r>.step_ms) leaves them out where a run has more
 WARMUP_STEPS = 2
-
-
-def steady_per_step(total: float, warmup_total: float, steps: int, warmup_steps: int) -> float:
-    """A rank's per-step mean of ``total`` (seconds over its ``steps``) after its warm-up steps
-    (``warmup_total`` over ``warmup_steps``) where it took more steps than those, else over all
-    of them: the step it runs."""
-    warm = warmup_steps if steps > warmup_steps else 0
-    return (total - (warmup_total if warm else 0.0)) / max(steps - warm, 1)
 
 
 @dataclass

@@ -25,8 +25,8 @@ from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.distributed import WorkerContext
 from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.model.dlrm import DLRM, ModelConfig
+from recscale.runconfig import TrainConfig
 from recscale.sharding import ShardingPlan
-from recscale.train.config import TrainConfig
 from recscale.train.hf_step import HessianFreeStep, counting_all_reduce
 from recscale.train.step import ShardedStep, TrainStep, make_dense_optimizer
 

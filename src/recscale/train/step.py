@@ -14,7 +14,7 @@ from torch import nn
 
 from recscale.data.batch import Batch
 from recscale.model.dlrm import DLRM
-from recscale.train.config import DenseOptimizerConfig
+from recscale.runconfig import DenseOptimizerConfig
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -10,7 +10,7 @@ from recscale.data.source import prepare_raw
 from recscale.data.vocab import vocabulary_table
 from recscale.pipelines.common import as_metrics
 from recscale.progress import Progress
-from recscale.train import DLRMConfig
+from recscale.runconfig import DLRMConfig
 
 
 def generate_or_locate_raw(cfg: DLRMConfig) -> dict:

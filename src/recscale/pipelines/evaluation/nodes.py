@@ -8,8 +8,10 @@ import logging
 import numpy as np
 
 from recscale.evaluate import metrics_with_oracle, plots
+from recscale.model import model_from_resolved
 from recscale.pipelines.common import as_metrics
-from recscale.train import DLRMConfig, model_from_resolved, score_split
+from recscale.runconfig import DLRMConfig
+from recscale.scoring import score_split
 
 log = logging.getLogger(__name__)
 

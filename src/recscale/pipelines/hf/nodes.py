@@ -1,7 +1,7 @@
 """Thin nodes of the ``hf`` (MNIST) and ``hf_speech`` (spoken-digit frames) pipelines.
 
 The first node parses the whole parameter block (``hf`` or ``hf_speech``) into one root typed
-config (``recscale.optim.jobs``); the others take that object, call ``recscale.data`` /
+config (``recscale.hf.config``); the others take that object, call ``recscale.data`` /
 ``recscale.optim``, and shape what MLflow records: metric histories against passes over the data
 and training wall time, per-step HF diagnostics, test metrics, a JSON report and a PNG comparing
 the optimizers.
@@ -18,14 +18,9 @@ import numpy as np
 from recscale.config import parse, to_dict
 from recscale.data.frames import FrameFeatures, prepare_speech_frames
 from recscale.data.idx import prepare_mnist
-from recscale.optim.jobs import HFJobConfig, MnistJobConfig, SpeechJobConfig
-from recscale.optim.trainer import (
-    FitResult,
-    evaluate_classifier,
-    fit_baseline,
-    fit_hessian_free,
-    load_model,
-)
+from recscale.hf.config import HFJobConfig, MnistJobConfig, SpeechJobConfig
+from recscale.hf.fit import fit_baseline, fit_hessian_free, load_model
+from recscale.hf.loop import FitResult, evaluate_classifier
 from recscale.pipelines.common import as_metrics
 
 log = logging.getLogger(__name__)
@@ -111,7 +106,7 @@ def evaluate_optimizers(splits: dict, hf_result: FitResult, baselines: dict[str,
                         job: HFJobConfig, key: str = "hf"):
     """Test loss/error of every optimizer's final model, passes and time each needed to reach
     SGD's best validation error, a JSON report and the comparison PNG."""
-    from recscale.optim.plots import comparison_image
+    from recscale.hf.plots import comparison_image
 
     results = [hf_result, *baselines.values()]
     target = baselines["sgd"].summary.get("best_val_error") if "sgd" in baselines else None

@@ -20,7 +20,7 @@ class DLRMPyfunc(PythonModel):
     def load_context(self, context) -> None:
         import torch
 
-        from recscale.train import model_from_resolved
+        from recscale.model import model_from_resolved
 
         cfg = json.loads(Path(context.artifacts["resolved_config"]).read_text())
         state = torch.load(context.artifacts["state_dict"], map_location="cpu", weights_only=True)

@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 from recscale.pipelines.common import as_metrics
+from recscale.runconfig import DLRMConfig, plan_for_run
 from recscale.sharding import Topology, save_chart
-from recscale.train import DLRMConfig, plan_for_run
 
 log = logging.getLogger(__name__)
 
@@ -20,29 +20,9 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
     artifact says so, rather than being empty) and no metrics."""
     if not cfg.sharding.calibrate:
         return {"calibrated": False, "planned_on": cfg.sharding.topology}, {}
-    from recscale.train.calibrate import CalibrationConfig, calibrate
-    from recscale.train.calibration_config import batch_sizes_for
-    from recscale.train.calibration_history import merge_calibrations
+    from recscale.measure import calibrate_for_run
 
-    sh, train = cfg.sharding, cfg.train
-    base = sh.topology_for(train.world_size)
-    ccfg = CalibrationConfig(dims=tuple(sorted({16, cfg.model.embedding_dim})),
-                             batch_sizes=batch_sizes_for(train.batch_size_per_rank),
-                             scratch_dir=train.tiers.scratch_dir,
-                             optimizer=train.embedding_optimizer.name,
-                             num_threads=train.num_threads,
-                             comms=base.local_world_size > 1,
-                             min_seconds=float(sh.calibration_seconds),
-                             table_rows=tuple(int(n) for n in dataset_manifest["table_sizes"]))
-    T = len(dataset_manifest["table_sizes"])
-    cal = calibrate(base, ccfg, cfg.model, T, sh.options.weight_precision,
-                    progress_mode=train.progress)
-    metrics = cal.metrics()
-    if sh.calibration_history:  # the median of this run's calibration and the earlier ones
-        cal, merged = merge_calibrations(base, cal, sh.calibration_history, ccfg, T,
-                                         sh.options.weight_precision)
-        metrics["calibration.merged"] = float(merged)
-        log.info("merged with %d earlier calibration(s) in %s", merged, sh.calibration_history)
+    cal, metrics = calibrate_for_run(cfg, dataset_manifest["table_sizes"])
     log.info("calibrated topology in %.1f s: %s", cal.seconds, cal.topology)
     return {"calibrated": True, "topology": cal.topology.to_dict()}, as_metrics(metrics)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from recscale.evaluate import plots
 from recscale.pipelines.common import as_metrics
+from recscale.report import bytes_against_plan, step_time_against_plan
+from recscale.runconfig import DLRMConfig
 from recscale.sharding import ShardingPlan
-from recscale.train import DLRMConfig, resolved_config, train_dlrm
-from recscale.train.sharded import bytes_against_plan, step_time_against_plan
+from recscale.train import resolved_config, train_dlrm
 
 
 def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from recscale.optim.trainer import FitResult
+from recscale.hf.loop import FitResult
 
 
 def comparison_figure(results: Sequence[FitResult], title: str = "", target_error: float | None = None):

@@ -1,9 +1,10 @@
-"""Typed DLRM configuration: the ``train`` block, the ``evaluate`` block, and ``DLRMConfig``, the
-root that every block of parameters_dlrm.yml is parsed into once (by the first node of each DLRM
-pipeline)."""
+"""Typed DLRM configuration: the ``train`` block (with ``train.checkpoint``), the ``evaluate``
+block, and ``DLRMConfig``, the root that every block of parameters_dlrm.yml is parsed into once
+(by the first node of each DLRM pipeline)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,7 +18,32 @@ from recscale.embedding.tier_config import TierConfig
 from recscale.model.dlrm import ModelConfig
 from recscale.optim.config import HessianFreeConfig
 from recscale.sharding import ShardingConfig
-from recscale.train.checkpoint import CheckpointConfig
+
+RESUME_MODES = ("restart", "latest", "never")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig(Validated):
+    """``train.checkpoint``: where and how often to checkpoint, and what to resume from."""
+
+    dir: str | None = None  # null: no checkpoints
+    every_steps: int = 0  # 0: only at the end of training
+    keep_last: int = 2
+    # restart: resume only from this launch's own checkpoints (elastic restarts after a failure);
+    # latest: the newest valid checkpoint under dir, of any run (continue a stopped job, or
+    # reshard it to another world size); never; or the path of one step directory
+    resume: str = "restart"
+    # a checkpoint (step directory) whose model and optimizer state start this run when there is
+    # nothing to resume: a warm start on new data, counters and data position from zero
+    init_from: str | None = None
+
+    def validate(self, prefix: str = "train.checkpoint") -> None:
+        check(self.every_steps >= 0, f"{prefix}.every_steps", self.every_steps, ">= 0 (0: at the end only)")
+        check(self.keep_last >= 1, f"{prefix}.keep_last", self.keep_last, ">= 1")
+        check(self.resume in RESUME_MODES or os.sep in self.resume or self.resume.startswith("step-"),
+              f"{prefix}.resume", self.resume,
+              f"one of {RESUME_MODES} or the path of a checkpoint's step directory")
+
 
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam", "hessian_free", "shampoo", "soap")
 # Shampoo and SOAP come from pytorch-optimizer, the optional extra `second_order`

@@ -1,54 +1,28 @@
-"""Calibration's collectives: gloo all-to-all / all-reduce inside a host, the sharded runtime's
-own exchange, and the link between hosts (``measure_link``, one process per host)."""
+"""The link between hosts (``recscale calibrate --link-endpoint``, one process per host): latency,
+rate and a rate limiter's burst per call from the runtime's own exchange across it, and, with a
+calibrated host to compare with, the link's rate and CPU cost fitted on training steps run across
+it (``steps.measure_link_steps``)."""
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-import recscale.train.calibration_fits as fits
-from recscale.data.batch import SparseFeatures
 from recscale.distributed import threads_for_run
+from recscale.measure.comms import measure_comms, measure_exchange
+from recscale.measure.config import CalibrationConfig, CalibrationError
+from recscale.measure.timing import median_of_rounds
 from recscale.model import ModelConfig
 from recscale.sharding import Topology
-from recscale.train.calibration_config import (
-    CalibrationConfig,
-    CalibrationError,
-    median_of_rounds,
-)
-from recscale.train.calibration_config import median_time as _median_time
+from recscale.sharding import cost_fit as fits
 
 LINK_SIZES = (1 << 16, 1 << 19, 1 << 21, 1 << 23)  # bytes per all-to-all across hosts
 # the exchange across hosts pauses this long before each step's forward and backward, as a
 # training step computes between them: a rate limiter's token bucket refills meanwhile
 LINK_GAP_S = 0.02
-
-
-# --- collectives -------------------------------------------------------------------------------------
-def _measure_comms(sizes, reps, collectives=("all_to_all", "all_reduce")) -> list[dict]:
-    """Inside the group: all-to-all and all-reduce of each size (the slowest rank's time)."""
-    import torch.distributed as dist
-
-    out = []
-    W = dist.get_world_size()
-    for nbytes in sizes:
-        n = max(nbytes // 4, W)
-        n -= n % W
-        x = torch.randn(n)
-        y = torch.empty_like(x)
-        for name, fn in (("all_to_all", lambda x=x, y=y: dist.all_to_all_single(y, x)),
-                         ("all_reduce", lambda y=y: dist.all_reduce(y))):
-            if name not in collectives:
-                continue
-            dist.barrier()
-            t = torch.tensor([_median_time(lambda i, fn=fn: fn(), reps)])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out.append({"collective": name, "bytes": n * 4, "seconds": float(t)})
-    return out
 
 
 def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
@@ -57,7 +31,7 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
-    (``_measure_exchange`` in ``cfg.rounds`` sweeps, each point their median; pausing
+    (``comms.measure_exchange`` in ``cfg.rounds`` sweeps, each point their median; pausing
     ``LINK_GAP_S`` before its forward and its backward, where a step computes), whose
     communication as ``CommStats`` counts it is fitted to latency per call + the bytes each call
     sends beyond a burst (``fits.fit_link``: a token bucket's allowance, 0 on a link without
@@ -65,7 +39,7 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
     "collectives", "points", "exchange", "inter_node_cpu_s", "inter_node_cpu_bw", "cpu_fit",
     "steps", "rate_fit", "exchange_bw"}``; with ``base`` (one host's calibrated topology,
     ``exchange_bw`` measured) the training step itself run across the link
-    (``calibration_steps``, ``model_cfg``'s dense arch, default ``ModelConfig()``) sets the
+    (``steps.measure_link_steps``, ``model_cfg``'s dense arch, default ``ModelConfig()``) sets the
     link's rate (``inter_node_bw``: the exchange's rate, ``exchange_bw``, x the factor at which
     the steps' communication is predicted, ``fits.fit_link_rate``) and its extra work on the
     ranks' own cores a step and per byte sent across (``fits.fit_link_steps``; else both 0,
@@ -131,7 +105,7 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s, table
     try:
         # the exchange's collective, up to the sizes a step sends (a shaped link's burst
         # allowance flatters small messages only)
-        pts = _measure_comms(LINK_SIZES, max(3 * cfg.reps, 7), ("all_to_all",))
+        pts = measure_comms(LINK_SIZES, max(3 * cfg.reps, 7), ("all_to_all",))
         # and the runtime's own exchange across the link: its communication as CommStats
         # counts it is what a run's comm time is made of (a shaped link's TCP under the
         # exchange's pattern is slower than under a lone all-to-all)
@@ -144,7 +118,7 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s, table
         # over them, as the host's points are (one sweep's fit of the link's CPU cost moved
         # 1.0-2.8 GB/s between benchmark runs minutes apart)
         xpts = median_of_rounds([
-            {"exchange": _measure_exchange(ctx, cfg, tables, gap_s=LINK_GAP_S,
+            {"exchange": measure_exchange(ctx, cfg, tables, gap_s=LINK_GAP_S,
                                            extra_dims=(4, 8))}
             for _ in range(cfg.rounds)])["exchange"]
         xfit = fits.fit_link(xpts)
@@ -160,7 +134,7 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s, table
         steps = []
         if decided[0] is not None:
             from recscale.distributed import WorkerContext
-            from recscale.train.calibration_steps import measure_link_steps
+            from recscale.measure.steps import measure_link_steps
 
             wctx = WorkerContext(rank, world_size, 0, 1, torch.device("cpu"), "gloo",
                                  ctx.sparse_group, timeout_s)
@@ -171,79 +145,3 @@ def _link(rank, world_size, host, port, endpoint, cfg, timeout, timeout_s, table
     return {"inter_node_lat_s": xfit["lat_s"], "inter_node_bw": xfit["bw"],
             "inter_node_burst_bytes": xfit["burst_bytes"], "fit": xfit,
             "collectives": fit, "points": pts, "exchange": xpts, "steps": steps}
-
-
-def _measure_exchange(ctx, cfg: CalibrationConfig, tables: int, gap_s: float = 0.0,
-                      extra_dims: tuple[int, ...] = ()) -> list[dict]:
-    """The sharded runtime's own embedding exchange (table-wise shards over the host's ranks,
-    forward + backward): per step, seconds, the collectives' seconds as ``CommStats`` counts them
-    (what a training run reports as communication), calls and bytes sent, in all and per
-    collective (``by_call``: name -> [calls per step, bytes per call]). ``gap_s``: a pause before
-    the forward and before the backward (not counted in ``seconds``); ``extra_dims``: dims
-    measured besides the config's (fp32)."""
-    from recscale.comm import CommsConfig
-    from recscale.comm.collectives import CommStats
-    from recscale.embedding.sharded import ShardedEmbeddingCollection
-    from recscale.embedding.tbe import EmbeddingOptimizerConfig
-    from recscale.sharding import TableSpec, plan_sharding
-
-    W, B = ctx.world_size, max(cfg.batch_sizes)
-    T = max(tables, 2)  # the run's tables: its messages are the size a step sends
-    names = tuple(f"f{i}" for i in range(T))
-    out = []
-    g = torch.Generator().manual_seed(ctx.rank)
-    # every dim and their mean in fp32 (16 and 128 too when fewer than three), the widest again
-    # in fp16 (the
-    # codecs' cost); each point over 3 x reps steps (the steps are short)
-    dims = sorted({*cfg.dims, 4 * round(sum(cfg.dims) / len(cfg.dims) / 4)})
-    if len(dims) < 3:  # a fixed and a per-byte cost need sizes apart
-        dims = sorted({*dims, 16, 128})
-    dims = sorted({*dims, *extra_dims})
-    reps = max(3 * cfg.reps, 7)
-    for d, prec in [(d, "fp32") for d in dims] + [(max(dims), "fp16")]:
-        comms = CommsConfig(forward=prec, backward=prec)
-        tables = [TableSpec(f"t{i}", cfg.rows, d, 1.0, feature_names=(names[i],),
-                            constraints={"sharding_types": ["table_wise"]}) for i in range(T)]
-        plan = plan_sharding(tables, Topology.preset("cpu-local", world_size=W,
-                                                     local_world_size=W), B,
-                             optimizer=cfg.optimizer, comms=comms)
-        stats = CommStats()
-        emb = ShardedEmbeddingCollection(plan, names, EmbeddingOptimizerConfig(name=cfg.optimizer),
-                                         ctx.rank, W, group=ctx.sparse_group, stats=stats,
-                                         comms=comms)
-        batches = [SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
-                                  torch.ones(T, B, dtype=torch.int64))
-                   for _ in range(reps + 1)]
-        marks = []
-
-        def step(i, emb=emb, batches=batches, stats=stats, marks=marks):
-            if i == 0:
-                marks.append((stats.total_seconds, sum(stats.calls.values()),
-                              sum(stats.bytes_sent.values()), dict(stats.calls),
-                              dict(stats.bytes_sent)))
-            if gap_s:
-                time.sleep(gap_s)
-            out = emb(batches[i + 1])
-            if gap_s:
-                time.sleep(gap_s)
-            out.sum().backward()
-
-        t = max(_median_time(step, reps) - 2 * gap_s, 0.0)
-        s0, c0, b0, calls0, bytes0 = marks[0]
-        n = reps
-        by_call = {}
-        for name, calls in stats.calls.items():
-            k = calls - calls0.get(name, 0)
-            if k:
-                by_call[name] = [k / n, (stats.bytes_sent[name] - bytes0.get(name, 0)) / k]
-        # the ids this rank looks up: its T / W tables for the global batch
-        # uniform ids: a table's owner sees W x B of them, distinct in expectation as below
-        distinct = T / W * cfg.rows * (1.0 - (1.0 - 1.0 / cfg.rows) ** (W * B))
-        out.append({"dim": d, "precision": prec, "batch": B, "tables": T, "seconds": t,
-                    "distinct": distinct,
-                    "comm_seconds": (stats.total_seconds - s0) / n,
-                    "calls": (sum(stats.calls.values()) - c0) / n,
-                    "bytes": (sum(stats.bytes_sent.values()) - b0) / n, "by_call": by_call})
-        emb.close()
-        del emb
-    return out

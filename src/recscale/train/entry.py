@@ -1,4 +1,6 @@
-"""Entry points the Kedro nodes (and notebooks) call: plan, train and describe a DLRM run.
+"""The entry point the Kedro nodes (and notebooks) call: train a DLRM run (``train_dlrm``: one
+process, sharded over workers, tiered, across hosts, or a rank of torchrun), check that every
+train row was trained on, and describe what was trained (``resolved_config``).
 
 ``manifest`` is the dict that preprocessing writes (``_manifest.json``): split files, table sizes.
 """
@@ -19,9 +21,7 @@ import torch
 from recscale import __version__
 from recscale.comm import CommsConfig
 from recscale.config import ConfigError, to_dict
-from recscale.data.criteo import NUM_DENSE
 from recscale.data.loader import count_rows
-from recscale.data.stats import distinct_fractions
 from recscale.distributed import (
     in_torchrun,
     launch,
@@ -29,17 +29,17 @@ from recscale.distributed import (
     threads_for_run,
     torchrun_ranks_done,
 )
-from recscale.distributed.job import make_spec, serve_and_launch
-from recscale.embedding.placement import placements_from_plan
-from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm, copy_tables
-from recscale.sharding import ShardingConfig, ShardingPlan, Topology, plan_sharding
-from recscale.sharding.from_data import table_specs_from_manifest
+from recscale.distributed.job_store import make_spec, serve_and_launch
+from recscale.embedding.tier_placement import placements_from_plan
+from recscale.model import DLRM, ModelConfig, load_state_into, to_cpu_model
+from recscale.report import TrainResult, summarize
+from recscale.runconfig import DLRMConfig, TrainConfig, recipe_for
+from recscale.sharding import ShardingConfig, ShardingPlan
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
-from recscale.train.config import DLRMConfig, TrainConfig
-from recscale.train.job import job_payload, job_worker, read_events
+from recscale.train.job_worker import job_payload, job_worker, read_events
 from recscale.train.loop import run_loop
+from recscale.train.rank import loader_data, sharded_train_worker
 from recscale.train.runtime import LocalRuntime
-from recscale.train.sharded import TrainResult, loader_data, sharded_train_worker, summarize
 
 log = logging.getLogger(__name__)
 
@@ -51,30 +51,6 @@ class TrainOutcome:
     table_sizes: tuple[int, ...]
     threads: int
     device: str
-
-
-def build_model_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                    device: torch.device | str = "cpu", placements=None) -> DLRM:
-    return build_dlrm(model_cfg, manifest["table_sizes"], NUM_DENSE,
-                      train_cfg.embedding_optimizer, seed=train_cfg.seed, device=device,
-                      placements=placements, tiers=train_cfg.tiers)
-
-
-def plan_for_run(manifest: dict, cfg: DLRMConfig, measured: Topology | None = None) -> ShardingPlan:
-    """The sharding plan of a run: the tables of ``manifest`` on ``sharding.topology`` (or the
-    ``measured`` one calibration made) for ``sharding.world_size`` (null:
-    ``train.launch.world_size``) ranks at the run's per-rank batch, with the run's embedding
-    optimizer and wire precisions, within ``train.tiers``' RAM budget; the tables' distinct
-    fractions measured on the first global batches of the train split."""
-    sh, train = cfg.sharding, cfg.train
-    topo = train.tiers.budgeted(sh.topology_for(train.world_size, measured))
-    opts = {**sh.options.to_dict(), "optimizer": train.embedding_optimizer.name,
-            "comms": cfg.comms}
-    # the update work of a table is the distinct ids a global batch brings (the data's skew)
-    batch = train.batch_size_per_rank * topo.world_size
-    distinct = distinct_fractions(manifest, batch, max_batches=max(1, min(4, (1 << 18) // batch)))
-    tables = table_specs_from_manifest(manifest, cfg.model.embedding_dim, distinct)
-    return plan_sharding(tables, topo, train.batch_size_per_rank, opts)
 
 
 def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -93,7 +69,7 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
 
     Several hosts (``train.launch.nnodes`` > 1 or a range): this process is the driver; it
     publishes the job in its rendezvous store for the hosts that run ``recscale join`` (see
-    ``recscale.train.job``); ``sharding`` (the run's sharding block) lets the workers replan
+    ``recscale.train.job_worker``); ``sharding`` (the run's sharding block) lets the workers replan
     when hosts are lost or come back."""
     comms = comms or CommsConfig()
     if isinstance(plan, dict):
@@ -154,10 +130,11 @@ def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_sta
     # from it behind a cache
     placements = placements_from_plan(plan, manifest["sparse_features"], device.type,
                                       train_cfg.tiers)
-    model = build_model_for(manifest, model_cfg, train_cfg, device, placements)
+    recipe = recipe_for(manifest, model_cfg, train_cfg)
+    model = recipe.build(device, placements)
     if init_state is not None:
-        load_state_into(model, init_state, manifest, model_cfg, train_cfg,
-                        init_state_table_sizes)
+        load_state_into(model, init_state, recipe, init_state_table_sizes,
+                        manifest["sparse_features"])
     ckpt = None
     if train_cfg.checkpoint.dir is not None:
         ckpt = Checkpointer(train_cfg.checkpoint, new_run_id(),
@@ -166,7 +143,7 @@ def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_sta
     res = run_loop(LocalRuntime(model, train_cfg, device),
                    loader_data(files, train_cfg, 0, 1, device), train_cfg, ckpt)
     if placements is not None or device.type != "cpu":
-        model = to_cpu_model(model, manifest, model_cfg, train_cfg)
+        model = to_cpu_model(model, recipe)
     return model, {0: res.__dict__}
 
 
@@ -222,98 +199,8 @@ def _load_trained(manifest, model_cfg, train_cfg, run: dict, local: dict) -> DLR
     if not os.path.exists(path):
         raise RuntimeError(f"ranks {sorted(local)} cannot read the model rank 0 wrote at {path}: "
                            "ranks on several hosts need an output directory they all see")
-    model = build_model_for(manifest, model_cfg, train_cfg)
+    model = recipe_for(manifest, model_cfg, train_cfg).build()
     model.load_state_dict(torch.load(path, weights_only=True))
-    return model
-
-
-def cpu_model_from(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, tables,
-                   states, dense_state: dict) -> DLRM:
-    """A single-process CPU DLRM holding these full tables, optimizer states (per table, as
-    ``split_optimizer_states`` gives them) and dense-arch state, from any device or tier."""
-    cpu = build_model_for(manifest, model_cfg, train_cfg, "cpu")
-    copy_tables(cpu, tables, states, dense_state)
-    return cpu
-
-
-def to_cpu_model(model: DLRM, manifest: dict, model_cfg: ModelConfig,
-                 train_cfg: TrainConfig) -> DLRM:
-    """The same model as an ordinary in-memory CPU model (copied table by table, see
-    ``copy_tables``); a tiered module's scratch files are released afterwards."""
-    emb = model.embeddings
-    cpu = cpu_model_from(manifest, model_cfg, train_cfg, emb.split_weights(),
-                         emb.split_optimizer_states(), model.dense.state_dict())
-    emb.close()
-    return cpu
-
-
-def load_state_into(model: DLRM, state: dict[str, torch.Tensor], manifest: dict,
-                    model_cfg: ModelConfig, train_cfg: TrainConfig,
-                    state_table_sizes: Sequence[int] | None = None) -> None:
-    """The inverse of ``to_cpu_model``: the state_dict of an in-memory CPU model (tables,
-    embedding-optimizer state, dense layers) into ``model`` on any device or tier (a warm start).
-
-    ``state_table_sizes``: the state's tables when they are smaller than the manifest's (a
-    vocabulary grown append-only): the tables grow (``grow_tables``), each new row as a fresh
-    model of the new sizes initialises it, with fresh optimizer state."""
-    ref = build_model_for(manifest, model_cfg, train_cfg, "cpu")
-    src = ref
-    if state_table_sizes is not None and list(state_table_sizes) != list(manifest["table_sizes"]):
-        check_table_growth(state_table_sizes, manifest["table_sizes"], manifest["sparse_features"])
-        src = build_model_for({**manifest, "table_sizes": list(state_table_sizes)}, model_cfg,
-                              train_cfg, "cpu")
-    try:
-        src.load_state_dict(state)
-    except RuntimeError as exc:
-        raise ValueError(f"the warm-start state does not fit model={model_cfg} with table sizes "
-                         f"{list(state_table_sizes or manifest['table_sizes'])}: {exc}") from None
-    if src is not ref:
-        grow_tables(ref, src)
-    copy_tables(model, ref.embeddings.split_weights(), ref.embeddings.split_optimizer_states(),
-                ref.dense.state_dict())
-
-
-def check_table_growth(old: Sequence[int], new: Sequence[int], names: Sequence[str]) -> None:
-    """Tables may only grow (append-only vocabularies); raises ValueError naming the table and
-    both sizes when one shrinks or the number of tables differs."""
-    if len(old) != len(new):
-        raise ValueError(f"the warm-start state has {len(old)} tables but the data has {len(new)}")
-    for name, a, b in zip(names, old, new):
-        if int(b) < int(a):
-            raise ValueError(f"table {name} would shrink from {a} to {b} rows: a warm start only "
-                             "grows tables (an append-only vocabulary keeps every row)")
-
-
-def grow_tables(dst: DLRM, src: DLRM) -> None:
-    """Every table of ``src`` into the first rows of the same (at least as large) table of
-    ``dst``, weights and per-row embedding-optimizer state; ``dst``'s other rows keep what they
-    hold (a freshly built model's initial rows and state). The dense arch is copied."""
-    src_states = src.embeddings.split_optimizer_states() or []
-    dst_states = dst.embeddings.split_optimizer_states() or []
-    with torch.no_grad():
-        for t, (d, s) in enumerate(zip(dst.embeddings.split_weights(),
-                                       src.embeddings.split_weights())):
-            d[:s.shape[0]].copy_(s)
-            for dv, sv in zip(dst_states[t] if dst_states else [],
-                              src_states[t] if src_states else []):
-                # per-row state ([rows] or [rows * dim] flat): the old rows' part
-                dv.view(d.shape[0], -1)[:s.shape[0]].copy_(sv.view(s.shape[0], -1))
-    dst.embeddings.flush()
-    dst.dense.load_state_dict(src.dense.state_dict())
-
-
-def model_from_resolved(resolved: dict, state: dict[str, torch.Tensor]) -> DLRM:
-    """The in-memory CPU model a resolved config (``resolved_config``) describes, holding
-    ``state``: what evaluation and the retrain's champion load (only the model block, the table
-    sizes and the embedding optimizer matter, so configs of older runs load too)."""
-    from recscale.config import parse
-    from recscale.embedding import EmbeddingOptimizerConfig
-
-    train = resolved.get("train", {})
-    model = build_dlrm(parse(ModelConfig, resolved["model"], "model"), resolved["table_sizes"],
-                       NUM_DENSE, parse(EmbeddingOptimizerConfig, train.get("embedding_optimizer"),
-                                        "train.embedding_optimizer"), seed=train.get("seed", 0))
-    model.load_state_dict(state)
     return model
 
 

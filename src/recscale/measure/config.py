@@ -1,16 +1,13 @@
-"""Calibration's configuration, its error and timing helpers (shared by ``calibrate`` and
-``calibration_comms``)."""
+"""What the machine's measurement measures (``CalibrationConfig``: ``recscale calibrate``'s flags,
+``sharding.calibration_seconds`` and the run's batch and tables in a ``dlrm`` run), built in one
+place for a run (``config_for_run``), and the error that says why a measurement cannot run."""
 
 from __future__ import annotations
 
 import math
-import os
-import statistics
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from recscale.config import Validated, check
 
@@ -116,6 +113,18 @@ def batch_sizes_for(batch_size_per_rank: int) -> tuple[int, int]:
     return (max(b // 4, 2), b)
 
 
+def config_for_run(batch_size_per_rank: int, table_rows: Sequence[int] = (),
+                   **settings) -> CalibrationConfig:
+    """What to measure for a run of ``batch_size_per_rank`` samples per rank on tables of
+    ``table_rows`` rows (a dataset manifest's ``table_sizes``; empty: ``tables`` x ``rows``):
+    at that batch and a quarter of it (``batch_sizes_for``), the in-memory tier on tables of
+    those sizes (``memory_tables``); ``settings``: any other field (``dims``, ``scratch_dir``,
+    ``optimizer``, ``rounds`` ...). The one place a measurement's config is built, for the
+    ``dlrm`` run (``for_run.calibrate_for_run``), ``recscale calibrate`` and the benchmarks."""
+    return CalibrationConfig(batch_sizes=batch_sizes_for(batch_size_per_rank),
+                             table_rows=tuple(int(n) for n in table_rows), **settings)
+
+
 class Sweeps:
     """How many sweeps a calibration takes: ``cfg.rounds``, then more while under
     ``cfg.min_seconds`` since the first began (at most ``cfg.max_rounds``). ``expected``: the
@@ -135,49 +144,3 @@ class Sweeps:
     def finished_one(self) -> None:
         self.done += 1
         self.expected = max(self.expected, self.done)
-
-
-# --- timing helpers --------------------------------------------------------------------------------
-def median_of_rounds(rounds: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
-    """The same points measured in several sweeps: each point with the median over the sweeps of
-    every measured number (seconds, communication seconds, hit rate, ...); what names the point
-    (dim, batch, ...) is the same in every sweep. A part some sweeps lack (kept calibrations of an
-    older version: no host steps) is the median over those that have it as the newest of them
-    does (the same number of points)."""
-    out = {}
-    for part in dict.fromkeys(k for r in rounds for k in r):
-        have = [r[part] for r in rounds if part in r]
-        have = [h for h in have if len(h) == len(have[-1])]
-        merged = []
-        for i, p in enumerate(have[-1]):
-            q = dict(p)
-            for k, v in p.items():
-                if isinstance(v, float):
-                    q[k] = statistics.median(h[i][k] for h in have)
-            merged.append(q)
-        out[part] = merged
-    return out
-
-
-def median_time(fn: Callable[[int], Any], reps: int) -> float:
-    fn(-1)  # warm-up
-    ts = []
-    for i in range(reps):
-        t0 = time.perf_counter()
-        fn(i)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def check_writable(path: str, what: str) -> str:
-    """``path`` exists (made if missing) and a file can be written in it, else a clear error."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        raise CalibrationError(f"cannot calibrate the {what}: its directory {path!r} cannot be "
-                               f"written ({e.strerror or e}); give a writable directory "
-                               "(--scratch-dir / train.tiers.scratch_dir) or leave the tier out "
-                               "(--tiers memory,ddr)") from e
-    return path

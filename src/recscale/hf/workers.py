@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from recscale.distributed import WorkerContext, run_in_group, threads_for_run, worker_entry
-from recscale.optim.config import HessianFreeConfig
-from recscale.optim.distributed import all_reduce_sum
+from recscale.hf.loop import hf_loop
+from recscale.optim import HessianFreeConfig, all_reduce_sum
 
 
 @worker_entry
@@ -19,8 +19,6 @@ def hf_fit_worker(data: dict, net, hf: HessianFreeConfig, cfg):
 
 def _fit(ctx: WorkerContext, data: dict, net, hf: HessianFreeConfig, cfg):
     import torch.distributed as dist
-
-    from recscale.optim.trainer import hf_loop
 
     result = hf_loop(data, net, hf, cfg, rank=ctx.rank, world_size=ctx.world_size,
                      reduce=all_reduce_sum())

@@ -1,9 +1,13 @@
-"""Fits of calibration's timings to the cost model's constants (numpy and scipy only): non-negative
-least squares on relative error, one function per part measured (``recscale.train.calibrate``)."""
+"""Fits of the machine's measured times (``recscale.measure``) to the cost model's constants
+(numpy and scipy only): non-negative least squares on relative error, one function per part
+measured. The bytes a lookup moves are the cost model's own (``cost.lookup_bytes``), so a fitted
+bandwidth means what the planner charges per byte."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from .cost import lookup_bytes
 
 
 def nnls(X: np.ndarray, y: np.ndarray, scale: np.ndarray | None = None,
@@ -27,25 +31,26 @@ def rel_err(X, y, coef) -> float:
     return float(np.median(np.abs(pred - y) / np.maximum(y, 1e-12)))
 
 
-def bytes(ids, bags, d, wb, opt_row, opt_elem, distinct=None):
-    """The cost model's bytes (``CostModel.shards``): a row read per id, a row and its optimizer
-    state read and written per distinct id (tier); pooled vectors and their gradients
-    (compute)."""
-    distinct = ids if distinct is None else distinct
-    return (ids * d * wb + distinct * (2 * d * wb + 2 * (opt_row + opt_elem * d)),
-            2 * bags * d * 4)
+def point_bytes(p: dict, wb: float, opt_row: float, opt_elem: float, ids=None, bags=None):
+    """A measured point's bytes (``cost.lookup_bytes``): its ``ids`` (default ``p["ids"]``) of
+    which ``p["distinct"]`` distinct (all where not counted), its ``bags`` pooled vectors at
+    ``p["dim"]`` -> (tier bytes, compute-tier bytes)."""
+    ids = p["ids"] if ids is None else ids
+    bags = p["bags"] if bags is None else bags
+    distinct = p.get("distinct", ids)
+    return lookup_bytes(ids, distinct / ids if ids else 1.0, bags, p["dim"], wb, opt_row, opt_elem)
 
 
 def fit_memory(pts, wb, opt_row, opt_elem):
     """Seconds = fixed + per id + per pooled vector + per distinct row updated + the cost
     model's bytes / bandwidth. The distinct rows' own term is what fbgemm's fused backward
     spends per row it updates (sorting the ids, finding the unique rows, the row's update): a
-    fit without it missed by 25-28% in the median on the eighth and ninth sessions' machines,
-    uniform ids 1.3-2.5x slower than fitted and power-law ids faster."""
+    fit without it missed by 25-28% in the median on two 2-vCPU VMs, uniform ids
+    1.3-2.5x slower than fitted and power-law ids faster."""
     X, y = [], []
     for p in pts:
         d = p.get("distinct", p["ids"])
-        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem, d)
+        tb, pb = point_bytes(p, wb, opt_row, opt_elem)
         X.append([1.0, p["ids"], p["bags"], tb + pb, d])
         y.append(p["seconds"])
     X, y = np.array(X), np.array(y)
@@ -60,7 +65,7 @@ def fit_cached(pts, fast, wb, opt_row, opt_elem):
     misses' share of ids and bytes is fitted."""
     X, y = [], []
     for p in pts:
-        tb, pb = bytes(p["ids"], p["bags"], p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
+        tb, pb = point_bytes(p, wb, opt_row, opt_elem)
         h, d = p["hit_rate"], p.get("distinct", p["ids"])
         known = (p["ids"] * h * fast["id_s"] + p["bags"] * fast["bag_s"]
                  + (tb * h + pb) / fast["bw"] + d * h * fast["row_s"])
@@ -83,7 +88,7 @@ def fit_dense(pts, run_batch: int | None = None):
     the run's batch (``run_batch``, default the largest) counting ``RUN_BATCH_WEIGHT`` times:
     the step is not linear in the batch (at dim 128 the activations of a batch of 1,024 leave
     the cache), and an even fit over 256, 640 and 1,024 samples came out 11-12% under the
-    run's own batch, on every calibration of the ninth session's machine, where training runs."""
+    run's own batch in every calibration on a 2-vCPU VM, where training runs."""
     run_batch = max(p["batch"] for p in pts) if run_batch is None else run_batch
     X = np.array([[1.0, p["flops"], p.get("interaction", 0.0)] for p in pts])
     y = np.array([p["seconds"] for p in pts])
@@ -118,7 +123,7 @@ def _lookups_and_assembly(p, T, wb, opt_row, opt_elem, fast, assemble_s):
     ``id_s``, ``bag_s``, ``bw``, ``row_s``) and of its output's assembly: what its step holds beyond the
     exchange's work."""
     ids = bags = T * p["batch"]
-    tb, pb = bytes(ids, bags, p["dim"], wb, opt_row, opt_elem, p.get("distinct"))
+    tb, pb = point_bytes(p, wb, opt_row, opt_elem, ids, bags)
     return (fast["op_s"] + ids * fast["id_s"] + bags * fast["bag_s"] + (tb + pb) / fast["bw"]
             + p.get("distinct", ids) * fast["row_s"] + p["batch"] * T * p["dim"] * assemble_s)
 
@@ -196,7 +201,7 @@ def fit_link(pts) -> dict[str, float]:
 
 
 def fit_link_rate(pts) -> dict[str, float]:
-    """Training steps across hosts (``calibration_steps.measure_link_steps`` points: their
+    """Training steps across hosts (``recscale.measure.steps.measure_link_steps`` points: their
     measured communication ``comm``, and ``comm_by_rate``, the communication predicted with the
     link's rate x each of ``rate_factors``) -> the factor whose prediction is nearest to what
     the steps counted (the median error relative to each point's step; of factors within half a
@@ -206,7 +211,7 @@ def fit_link_rate(pts) -> dict[str, float]:
 
 
 def fit_exchange_work(pts) -> dict[str, float]:
-    """Training steps on one host (``calibration_steps.predict_host_steps`` points: the step
+    """Training steps on one host (``recscale.measure.steps.predict_host_steps`` points: the step
     measured, ``seconds``, and ``predicted_by_rate``, the step predicted with the exchange's work
     per byte, ``exchange_bw``, x each of ``rate_factors``) -> the factor whose predicted step is
     nearest to the measured one, as ``fit_link_rate`` picks it."""
@@ -228,7 +233,7 @@ def _nearest_factor(pts, by_rate: str, measured: str) -> dict[str, float]:
 
 
 def fit_link_steps(pts) -> dict[str, float]:
-    """Training steps across hosts (``calibration_steps.measure_link_steps`` points: the step
+    """Training steps across hosts (``recscale.measure.steps.measure_link_steps`` points: the step
     measured, the step predicted on the host's calibration with the link and no CPU cost for
     it, the bytes a rank sent across) -> the link's extra work on the ranks' own cores, per step
     and per byte sent across: ``{"cpu_s", "cpu_bw", "fit_rel_err"}`` (0: none), the

@@ -10,7 +10,7 @@ import torch
 
 from recscale.data.loader import LoaderConfig, make_loader
 from recscale.evaluate.metrics import metrics_with_oracle
-from recscale.model.dlrm import DLRM
+from recscale.model import DLRM
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The training step itself, on one host's ranks and across the link between hosts, for the
 calibration of the exchange's work and of the link.
 
-The exchange alone (``calibration_comms._measure_exchange``) times the link while nothing else
+The exchange alone (``comms.measure_exchange``) times the link while nothing else
 runs, so the work a transfer does on the hosts' own cores (the network stack's copies and
 interrupts, gloo's threads) hides inside its own wait. A training step overlaps transfers with
 compute (the next batch's input distribution, DDP's gradient all-reduce in the backward), and
@@ -11,20 +11,20 @@ exchange-alone fit had found 0.1-1.3 ms. So the link's CPU cost (``Topology.inte
 a step, ``inter_node_cpu_bw``) is fitted on the runtime's own step: the loop, the sharded
 runtime and the pipelined policy a run uses, on synthetic batches, against the step
 ``predict_step`` gives for the same plan on the host's calibration with the link measured and
-no CPU cost (``calibration_fits.fit_link_steps``).
+no CPU cost (``recscale.sharding.cost_fit.fit_link_steps``).
 
 The same steps correct the link's rate. The exchange alone across two namespace hosts moved
 0.58-0.66 GB/s a rank, and the host jobs' communication came out 1.4-1.6x under what that rate
 predicts (on one host the same prediction matched the 2-rank jobs' steps). So
 each point also carries the step's measured communication and the prediction at link rates
-``RATE_FACTORS`` x the measured one; ``calibration_fits.fit_link_rate`` picks the factor whose
+``RATE_FACTORS`` x the measured one; ``recscale.sharding.cost_fit.fit_link_rate`` picks the factor whose
 communication matches, and the CPU cost is fitted against the prediction at that rate.
 
 On one host (``measure_host_steps``, in a calibration of 2 or more ranks a host) the same steps
 correct the exchange's work on the ranks' cores (``exchange_bw``). The exchange alone measures
 it with the ranks in lock-step and nothing to overlap; the runtime's steps on two ranks of the
 2-vCPU machine came out 2.5-5.5% under their prediction at dim 128 (about on it at dim 16), in
-three calibrations. ``calibration_fits.fit_exchange_work`` picks the factor of ``RATE_FACTORS``
+three calibrations. ``recscale.sharding.cost_fit.fit_exchange_work`` picks the factor of ``RATE_FACTORS``
 for ``exchange_bw`` whose predicted steps match (``predict_host_steps`` predicts them again on
 any topology of the host, so a merge of calibrations refits it on its own constants)."""
 
@@ -36,10 +36,18 @@ from dataclasses import replace
 
 import torch
 
+from recscale.comm import CommsConfig
+from recscale.config import parse, to_dict
+from recscale.data.batch import Batch, SparseFeatures
 from recscale.data.criteo import NUM_DENSE
-from recscale.model import ModelConfig
-from recscale.sharding import Topology
-from recscale.train.calibration_config import CalibrationConfig
+from recscale.measure.config import CalibrationConfig
+from recscale.model import ModelConfig, dense_model, dense_spec
+from recscale.report import steady_per_step
+from recscale.runconfig import TrainConfig
+from recscale.sharding import TableSpec, Topology, plan_sharding
+from recscale.sharding.step_time import predict_step
+from recscale.train.loop import EpochData, run_loop
+from recscale.train.runtime import ShardedRuntime
 
 STEPS = 12  # per point; the loop's warm-up steps (loop.WARMUP_STEPS) are left out
 # the link rates each point is also predicted at, as factors of the measured one: 1/4 to 4
@@ -58,8 +66,6 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
     of ``tables`` tables of ``cfg.rows`` rows, ``model_cfg``'s dense arch at each dim (DDP), the
     batch ``max(cfg.batch_sizes)`` per rank. Inside the process group of ``ctx`` (one rank per
     host)."""
-    from recscale.train.calibrate import dense_spec
-
     B, T = max(cfg.batch_sizes), max(tables, 2)
     topo = replace(topo, inter_node_cpu_s=0.0, inter_node_cpu_bw=0.0)
     train_cfg = _train_config(ctx, cfg)
@@ -87,8 +93,6 @@ def measure_host_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig,
     each the median of ``cfg.rounds`` runs, and what ``predict_host_steps`` needs to predict
     them again on any topology of the host (a merge of calibrations predicts the median step on
     the merged fit)."""
-    from recscale.config import to_dict
-
     B, T = max(cfg.batch_sizes), max(tables, 2)
     preset = Topology.preset("cpu-local", world_size=ctx.world_size,
                              local_world_size=ctx.world_size)
@@ -107,9 +111,6 @@ def predict_host_steps(pts: list[dict], topo: Topology,
     ``exchange_bw`` (the exchange's work on the ranks' cores per byte) x each of ``factors``
     (``rate_factors``, ``predicted_by_rate``; ``predicted``: at ``topo``'s own, a factor of 1)
     and the communication at ``topo``'s own (``predicted_comm``)."""
-    from recscale.config import parse
-    from recscale.train.calibrate import dense_spec
-
     out = []
     for p in pts:
         ranks = int(p["ranks"])
@@ -130,8 +131,6 @@ def at_factors(plan, dense, pipelined: bool, topo: Topology, field: str,
                factors: tuple[float, ...] = RATE_FACTORS) -> list:
     """``predict_step`` of ``plan`` on ``topo`` with its constant ``field`` x each of
     ``factors`` (the grid a steps' fit picks from)."""
-    from recscale.sharding.step_time import predict_step
-
     value = getattr(topo, field)
     return [predict_step(plan, dense, pipelined, topology=replace(topo, **{field: value * f}))
             for f in factors]
@@ -141,10 +140,6 @@ def step_plan(model_cfg: ModelConfig, dim: int, tables: int, rows: int, batch: i
               optimizer: str, topo: Topology):
     """(the dense arch at ``dim``, the plan) of the calibration's steps: ``tables`` tables of
     ``rows`` rows, table-wise shards over ``topo``'s ranks, ``batch`` samples per rank."""
-    from recscale.comm import CommsConfig
-    from recscale.sharding import TableSpec, plan_sharding
-    from recscale.train.calibrate import dense_model
-
     mcfg = dense_model(model_cfg, dim)
     specs = [TableSpec(f"t{i}", rows, dim, 1.0, feature_names=(f"f{i}",),
                        constraints={"sharding_types": ["table_wise"]}) for i in range(tables)]
@@ -152,9 +147,6 @@ def step_plan(model_cfg: ModelConfig, dim: int, tables: int, rows: int, batch: i
 
 
 def _train_config(ctx, cfg: CalibrationConfig):
-    from recscale.config import parse
-    from recscale.train.config import TrainConfig
-
     return parse(TrainConfig, {
         "batch_size_per_rank": max(cfg.batch_sizes), "max_steps": STEPS, "progress": "off",
         "log_every": 10 * STEPS, "num_threads": cfg.num_threads, "checkpoint": {"dir": None},
@@ -168,11 +160,6 @@ def _run_steps(ctx, cfg: CalibrationConfig, train_cfg, plans: dict, T: int
     on synthetic batches (dims interleaved): per run the slowest rank's steady step, the most
     communication a rank counted in it and the most bytes a rank sent to other hosts."""
     import torch.distributed as dist
-
-    from recscale.comm import CommsConfig
-    from recscale.data.batch import Batch, SparseFeatures
-    from recscale.train.loop import EpochData, run_loop, steady_per_step
-    from recscale.train.runtime import ShardedRuntime
 
     B = max(cfg.batch_sizes)
     names = tuple(f"f{i}" for i in range(T))

@@ -1,7 +1,7 @@
 """Sharded DLRM training as a job across hosts: what the driver publishes, what every worker runs.
 
 The driver (``train_dlrm`` with ``train.launch.nnodes`` > 1 or a range) publishes the job in its
-rendezvous store (``recscale.distributed.job``): the run's config blocks, the data manifest with
+rendezvous store (``recscale.distributed.job_store``): the run's config blocks, the data manifest with
 absolute paths, the sharding plan, where the model and the events go, and its code version. Every
 worker, on the driver's host and on the others (``recscale join``), runs :func:`job_worker`:
 
@@ -30,9 +30,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recscale.config import ConfigError, parse, to_dict
 from recscale.distributed import run_in_group, worker_entry
-from recscale.distributed.job import JobError, fetch_job
+from recscale.distributed.job_store import JobError, fetch_job
+from recscale.runconfig import DLRMConfig, plan_for_run
 from recscale.sharding import ShardingPlan
-from recscale.train.config import DLRMConfig
+from recscale.train.rank import train_rank
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +139,6 @@ def _write_json(path: str, obj: dict) -> None:
 @worker_entry
 def job_worker(endpoint: str) -> dict[str, Any]:
     """Entry point of every worker of a job across hosts (see the module docstring)."""
-    from recscale.train.api import plan_for_run
-    from recscale.train.sharded import train_rank
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec = fetch_job(endpoint, WORKER_FETCH_TIMEOUT_S)
     job = spec["payload"]

@@ -11,9 +11,11 @@ import json
 import os
 from typing import Any
 
+from recscale.config import to_dict
+from recscale.measure.config import CalibrationConfig, CalibrationError
+from recscale.measure.machine import Calibration, fit_calibration
+from recscale.measure.timing import median_of_rounds
 from recscale.sharding import Topology
-from recscale.train.calibrate import Calibration, fit_calibration
-from recscale.train.calibration_config import CalibrationConfig, CalibrationError, median_of_rounds
 
 # what names a calibration's points (the same list of points in the same order): calibrations that
 # agree on these can be merged; the rest (reps, rounds, timing, scratch directory) may differ
@@ -30,8 +32,6 @@ def points_path(topology_path) -> str:
 
 def calibration_key(base: Topology, cfg: CalibrationConfig, num_tables: int,
                     weight_precision: str = "fp32") -> dict[str, Any]:
-    from recscale.config import to_dict
-
     c = to_dict(cfg)
     key = {"local_world_size": base.local_world_size, "num_tables": num_tables,
            "weight_precision": weight_precision, **{k: c[k] for k in _IDENTITY}}

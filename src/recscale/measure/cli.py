@@ -12,7 +12,7 @@ the link with host 0's base and ``--bottom-mlp`` / ``--top-mlp``):
         --base data/06_models/topology.yml --out data/06_models/topology.yml   # on host 0
     recscale calibrate --link-endpoint 10.0.0.1:29600 --link-rank 1 --link-hosts 2   # host 1
 
-Measures (``recscale.train.calibrate``), on the ranks a run puts on this machine, the lookup +
+Measures (``recscale.measure``), on the ranks a run puts on this machine, the lookup +
 fused update rate per memory tier, the collectives between them and the dense arch's step, in seconds to a minute, and writes the
 base preset's fields with the measured values. Exits 2 with a message where it cannot run (e.g. the
 SSD tier's directory cannot be written).
@@ -86,20 +86,19 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from recscale.config import ConfigError
+    from recscale.measure.config import CalibrationConfig, CalibrationError, config_for_run
+    from recscale.measure.history import merge_calibrations, points_path
+    from recscale.measure.machine import calibrate
     from recscale.model import ModelConfig
     from recscale.sharding import Topology
-    from recscale.train.calibrate import CalibrationConfig, CalibrationError, calibrate
-    from recscale.train.calibration_config import batch_sizes_for
-    from recscale.train.calibration_history import merge_calibrations, points_path
 
     try:
-        cfg = CalibrationConfig(dims=args.dims, reps=args.reps, rounds=args.rounds,
-                                min_seconds=args.min_seconds,
-                                max_rounds=max(CalibrationConfig.max_rounds, args.rounds),
-                                scratch_dir=args.scratch_dir,
-                                batch_sizes=batch_sizes_for(args.batch),
-                                tiers=tuple(t for t in args.tiers.split(",") if t),
-                                comms=not args.no_comms, table_rows=tuple(args.table_rows))
+        cfg = config_for_run(args.batch, args.table_rows, dims=args.dims, reps=args.reps,
+                             rounds=args.rounds, min_seconds=args.min_seconds,
+                             max_rounds=max(CalibrationConfig.max_rounds, args.rounds),
+                             scratch_dir=args.scratch_dir,
+                             tiers=tuple(t for t in args.tiers.split(",") if t),
+                             comms=not args.no_comms)
         base = (Topology.load(args.base) if args.base.endswith((".yml", ".yaml", ".json"))
                 else Topology.preset(args.base, local_world_size=args.ranks_per_host))
         model = ModelConfig(**{k: v for k, v in (("bottom_mlp", args.bottom_mlp),
@@ -124,7 +123,7 @@ def _link(args, cfg, base, model) -> int:
     """``--link-endpoint``: the link between hosts into ``base`` (host 0 writes ``--out``)."""
     from dataclasses import replace
 
-    from recscale.train.calibrate import measure_link
+    from recscale.measure.link import measure_link
 
     got = measure_link(args.link_rank, args.link_hosts, args.link_endpoint, cfg, args.timeout,
                        base=base, tables=args.tables, model_cfg=model)
@@ -158,7 +157,7 @@ def _link(args, cfg, base, model) -> int:
 
 def format_calibration(cal) -> str:
     """The fitted constants, one line per part."""
-    from recscale.train.calibration_steps import predict_host_steps
+    from recscale.measure.steps import predict_host_steps
 
     lines = []
     for part, fit in cal.fits.items():

@@ -1,0 +1,7 @@
+"""Scoring a trained model: its click probabilities on a split of the preprocessed data, every
+row accounted for, and their metrics (``split.py``: ``score_split``, ``evaluate_dlrm``, the one
+evaluation path of the nodes, the retrain, tests and benchmarks)."""
+
+from recscale.scoring.split import Scores, evaluate_dlrm, score_split
+
+__all__ = ["Scores", "evaluate_dlrm", "score_split"]

@@ -1,0 +1,94 @@
+"""The sharded runtime's worker: what every rank runs (started by ``recscale.distributed.launch``
+or by torchrun; the job worker across hosts runs ``train_rank`` too). The ranks' results become
+the run's in ``recscale.report.summarize``.
+
+Each rank reads its own contiguous share of the train rows; the global batch is the per-rank batch
+x world size. At the end rank 0 gathers every table into the state_dict a single-process DLRM of
+the same config would have (world-size free) and writes it; every rank learns where.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from recscale.comm import CommsConfig
+from recscale.config import parse
+from recscale.data.loader import LoaderConfig, make_loader, rank_row_counts
+from recscale.distributed import run_in_group, threads_for_run, worker_entry
+from recscale.model import ModelConfig, cpu_model_from
+from recscale.runconfig import TrainConfig, recipe_for
+from recscale.sharding import ShardingPlan
+from recscale.train.checkpoint import Checkpointer, model_fingerprint
+from recscale.train.loop import EpochData, run_loop
+from recscale.train.runtime import ShardedRuntime
+
+
+def loader_data(files, train_cfg: TrainConfig, rank: int, world_size: int,
+                device: torch.device) -> EpochData:
+    """This rank's share of ``files``; every rank takes as many steps as the largest share. A
+    resume under another world size opens the row positions it is given instead."""
+    shares = rank_row_counts(files, world_size)
+    cfg = LoaderConfig(batch_size=train_cfg.batch_size_per_rank, rank=rank, world_size=world_size,
+                       reader_workers=train_cfg.reader_workers, prefetch=train_cfg.prefetch,
+                       pin_memory=device.type == "cuda")
+    steps = max(math.ceil(c / train_cfg.batch_size_per_rank) for c in shares)
+    return EpochData(lambda work=None: make_loader(files, cfg, work), steps, sum(shares),
+                     train_cfg.batch_size_per_rank)
+
+
+def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
+               comms: CommsConfig, plan: ShardingPlan, out_dir: str, run_id: str,
+               on_step=None) -> dict[str, Any]:
+    """One rank's whole run, inside ``run_in_group``: its model lives and dies in here, so it
+    is freed before the group is torn down, and only plain results leave. ``on_step``: see
+    ``run_loop``. Under torchrun this is the caller's own process (its Kedro run): its threads
+    and the memory training kept go back afterwards (``threads_for_run``)."""
+    with threads_for_run(train_cfg.num_threads, ctx.local_world_size):
+        return _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
+                           on_step)
+
+
+def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
+                on_step) -> dict[str, Any]:
+    rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms)
+    files = manifest["splits"]["train"]["files"]
+    ckpt = None
+    if train_cfg.checkpoint.dir is not None:
+        ckpt = Checkpointer(train_cfg.checkpoint, run_id, ctx.rank, ctx.world_size,
+                            fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
+    res = run_loop(rt, loader_data(files, train_cfg, ctx.rank, ctx.world_size, ctx.device),
+                   train_cfg, ckpt, on_step)
+    tables_and_states = rt.model.embeddings.full_tables(dst=0)
+    path = None
+    if ctx.rank == 0:
+        tables, states = tables_and_states
+        state = cpu_model_from(recipe_for(manifest, model_cfg, train_cfg), tables, states,
+                               rt.model.dense.state_dict()).state_dict()
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, "dlrm_state_dict.pt")
+        torch.save(state, path)
+    res.state_path = path
+    # every rank returns every rank's result and where the model is: the launcher of each host
+    # (or each torchrun process) then has the whole run, not only its own ranks
+    ranks = [None] * ctx.world_size
+    dist.all_gather_object(ranks, res.__dict__, group=ctx.sparse_group)
+    rt.model.embeddings.close()
+    return {"ranks": dict(enumerate(ranks)), "state_path": ranks[0]["state_path"]}
+
+
+@record
+@worker_entry
+def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: dict,
+                         plan_d: dict, out_dir: str, run_id: str = "run") -> dict[str, Any]:
+    """Entry point of every worker process (picklable arguments only). -> {"ranks": {rank:
+    RankResult as a dict}, "state_path": the unsharded model rank 0 wrote}."""
+    train_cfg = parse(TrainConfig, train_d, "train")
+    return run_in_group(train_cfg.launch, train_rank, manifest, parse(ModelConfig, model_d, "model"),
+                        train_cfg, parse(CommsConfig, comms_d, "comms"),
+                        ShardingPlan.from_dict(plan_d), out_dir, run_id, device=train_cfg.device)
