@@ -6,6 +6,7 @@ the runs and their metrics."""
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -67,9 +68,9 @@ def _state(proj, model):
 
 
 @pytest.fixture(scope="module")
-def daily(tmp_path_factory):
+def daily(tmp_path_factory, test_seed):
     proj = make_project_copy(tmp_path_factory.mktemp("daily"), base_sizes_from="test")
-    rng = random.Random()
+    rng = random.Random(test_seed)
     out = {"proj": proj, "sweeps": {}, "retrain": []}
     for s in SWEEPS:
         kedro(proj, "run", "--config", f"pipelines/sweeps/{s}.yml")
@@ -146,10 +147,16 @@ def test_retrain_day1_then_day2_registers_two_versions_and_champion_follows_the_
         "plots/auc_history.png"}
 
 
-def test_the_registered_champion_predicts_click_probabilities(daily):
-    """The registered pyfunc (models from code) loads by its alias and scores the held-out rows."""
+def test_the_registered_champion_predicts_what_the_evaluation_scores(daily):
+    """The registered pyfunc (models from code) loads by its alias and scores the held-out rows
+    of the last night exactly as the evaluation path scores them (``score_split`` on the same
+    split: row for row), and their AUC is the champion AUC that night's retrain recorded."""
     import mlflow
     import pandas as pd
+
+    from recscale.data.preprocess import load_manifest
+    from recscale.evaluate import auc_score
+    from recscale.scoring import score_split
 
     proj = daily["proj"]
     _client(proj)
@@ -158,7 +165,15 @@ def test_the_registered_champion_predicts_click_probabilities(daily):
     frame = pd.concat([pd.read_parquet(f) for f in sorted(work.glob("test/*.parquet"))])
     probs = np.asarray(model.predict(frame))
     assert probs.shape == (len(frame),) and len(frame) > 0
-    assert np.all((probs > 0) & (probs < 1))
+    evaluated = score_split(model.unwrap_python_model().model, load_manifest(work), "test", 4096)
+    assert np.array_equal(evaluated.rows, frame["row"].to_numpy())
+    np.testing.assert_allclose(probs, evaluated.probs, rtol=1e-6, atol=1e-7)
+    # the last night (day 3) kept the champion and scored it on these rows
+    _, refused = daily["refused"]
+    tags = refused["versions"][-1][1]
+    assert tags["retrain.champion_version"] == str(refused["alias"])
+    assert auc_score(frame["label"].to_numpy(), probs) == pytest.approx(
+        float(tags["retrain.champion_auc"]), abs=1e-6)
 
 
 def test_rerun_without_new_data_changes_nothing(daily):
@@ -175,8 +190,14 @@ def test_challenger_below_the_champion_is_registered_but_not_promoted_and_says_w
     assert after["alias"] == before["alias"]
     tags = after["versions"][2][1]
     assert tags["retrain.promoted"] == "false"
-    assert "champion kept" in tags["retrain.reason"] and "champion kept" in res.stderr
-    assert float(tags["retrain.champion_auc"]) + 1.0 > float(tags["retrain.auc"])
+    assert "champion kept" in res.stderr
+    # the rule as it was applied: the challenger's AUC below the champion's + the gain asked
+    new, champ = float(tags["retrain.auc"]), float(tags["retrain.champion_auc"])
+    said = re.fullmatch(r"challenger AUC (\d\.\d{4}) < champion AUC (\d\.\d{4}) \+ 1 on .+: "
+                        r"champion kept", tags["retrain.reason"])
+    assert said, tags["retrain.reason"]
+    assert float(said[1]) == pytest.approx(new, abs=6e-5)
+    assert float(said[2]) == pytest.approx(champ, abs=6e-5)
 
 
 # ---------------------------------------------------------------------------------- the UI

@@ -1,6 +1,10 @@
 """`kedro run --pipelines=hf --env=test` end to end, in a copy of the project (own MLflow store)."""
 
+import json
+from pathlib import Path
+
 import pytest
+import torch
 
 from tests.e2e.project import kedro, make_project_copy, run_in_process
 
@@ -29,8 +33,12 @@ def test_hf_pipeline_logs_histories_diagnostics_and_the_comparison_chart(finishe
     assert run["params.hf.optimizer.curvature"] == "gn"
     assert run["tags.kedro.env"] == "test"
     assert run["metrics.mnist.data.train_examples"] == 1600
+    report = json.loads(Path(client.download_artifacts(
+        run["run_id"], "hf/hf_mnist_report.json", str(proj / "dl"))).read_text())
     for o in ("hf", "sgd", "adam"):
-        assert 0 <= run[f"metrics.mnist.test.{o}.error"] <= 1
+        # the report's test error, and better than chance (9 in 10 wrong with 10 classes)
+        assert run[f"metrics.mnist.test.{o}.error"] == report["optimizers"][o]["test"]["error"]
+        assert run[f"metrics.mnist.test.{o}.error"] < 0.85, o
         for series in ("val_error", "train_loss", "val_error_by_centipass", "val_error_by_wall_ms"):
             h = client.get_metric_history(run["run_id"], f"mnist.{o}.{series}")
             assert len(h) >= 2, (o, series)
@@ -41,6 +49,21 @@ def test_hf_pipeline_logs_histories_diagnostics_and_the_comparison_chart(finishe
     assert run["metrics.mnist.target_val_error"] == run["metrics.mnist.sgd.best_val_error"]
     assert {a.path for a in client.list_artifacts(run["run_id"], "hf")} == {
         "hf/hf_mnist_comparison.png", "hf/hf_mnist_report.json", "hf/hf_mnist_state_dict.pt"}
+    # the logged HF weights give the logged test error on the run's test split
+    from recscale.data.idx import read_idx
+    from recscale.hf import load_model
+    from recscale.pipelines.hf import nodes as N
+    from tests.unit.test_hf_nodes import RAW, _params
+
+    job = N.parse_mnist_job(_params("hf"))
+    splits, _ = N.preprocess_mnist(read_idx(RAW / "mnist" / "t10k-images-idx3-ubyte.gz"),
+                                   read_idx(RAW / "mnist" / "t10k-labels-idx1-ubyte.gz"), job)
+    state = torch.load(client.download_artifacts(run["run_id"], "hf/hf_mnist_state_dict.pt",
+                                                 str(proj / "dl")), weights_only=True)
+    x, y = torch.as_tensor(splits["x_test"]), torch.as_tensor(splits["y_test"])
+    with torch.no_grad():
+        wrong = int((load_model(state, splits, job.model)(x).argmax(1) != y).sum())
+    assert run["metrics.mnist.test.hf.error"] == pytest.approx(wrong / len(y), abs=1e-12)
 
 
 def test_a_bad_hf_parameter_fails_before_training_with_the_key_named():

@@ -10,21 +10,27 @@ pytestmark = pytest.mark.e2e
 
 
 def test_mlperf_dcnv2_env_trains_dcn_on_multi_hot_bags_and_reports_the_oracle(tmp_path):
-    params = {"data": {"raw_dir": str(tmp_path / "raw"), "synthetic": {"num_rows": 4000}},
+    # enough rows that the model learns (62 steps of 256): at 4,000 (13 steps) its test AUC was
+    # chance, 0.46
+    params = {"data": {"raw_dir": str(tmp_path / "raw"), "synthetic": {"num_rows": 20_000}},
               "preprocess": {"output_dir": str(tmp_path / "pq"), "row_group_size": 1000},
               "train": {"batch_size_per_rank": 256,
-                        # the env's decay over the second half of its steps, here of 13
-                        "dense_optimizer": {"decay_start_step": 6, "decay_steps": 7},
+                        # the env's decay over the second half of its steps, here of 62
+                        "dense_optimizer": {"decay_start_step": 31, "decay_steps": 31},
                         "checkpoint": {"dir": str(tmp_path / "ckpt")}}}
     out = run_in_process("dlrm", env="mlperf_dcnv2", params=params)
     report = out["evaluation_report"].load()
-    assert 0.0 < report["auc"] < 1.0 and 0.5 < report["oracle_auc"] < 1.0
-    assert report["count"] == 400  # the test split: 10% of the rows, none rejected
+    # the data carries signal (its oracle, the true click probabilities, ranks far above chance)
+    # and the model learned most of it (0.82 against 0.92 here) without beating the oracle
+    # beyond the noise of 2,000 rows
+    assert report["oracle_auc"] > 0.85
+    assert 0.75 < report["auc"] < report["oracle_auc"] + 0.01
+    assert report["count"] == 2000  # the test split: 10% of the rows, none rejected
     manifest = load_manifest(tmp_path / "pq")
     assert manifest["multi_hot"] is True and manifest["rows_rejected"] == 0
     assert manifest["pooling_factors"][20] > 50  # C21: MLPerf's 100-id bags, minus missing ones
     metrics = out["training_metrics"].load()
-    assert metrics["samples"]["value"] == 3200  # every training row, once
+    assert metrics["samples"]["value"] == 16_000  # every training row, once
 
 
 def test_mlperf_dcnv2_parameters_parse_to_the_dcn_model_on_multi_hot_data():
