@@ -36,7 +36,7 @@ bench-preprocess: install system-packages
 test: install system-packages
 	$(BIN)/python -m pytest
 
-# the unit tests alone: under a minute
+# the unit tests alone (no processes, no training runs, no Spark): well under a minute
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 

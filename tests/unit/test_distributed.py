@@ -1,9 +1,7 @@
 """recscale.distributed without processes: its config and threads (where it sits in the package
 graph, importing no other package, is tests/unit/test_layering.py's)."""
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -69,43 +67,7 @@ def test_a_process_that_trains_keeps_the_memory_a_step_frees():
     assert max(faults[-4:]) < 0.05 * BLOCK_PAGES, faults
 
 
-_RUN_IN_PROCESS = """
-import json, torch
-from recscale.distributed import threads_for_run
-from tests.unit.test_distributed import faults_of_one_step
 
-torch.set_num_threads(2)
-with threads_for_run(1) as threads:
-    inside = torch.get_num_threads()
-    during = [faults_of_one_step() for _ in range(24)]
-after = [faults_of_one_step() for _ in range(4)]
-print(json.dumps({"threads": threads, "inside": inside, "restored": torch.get_num_threads(),
-                  "during": during, "after": after}))
-"""
-
-
-def test_a_run_in_the_callers_process_gives_its_threads_and_memory_back():
-    """threads_for_run (training and calibrating inside the user's Kedro or notebook process)
-    keeps the memory a step frees during the run, and afterwards the process has its thread
-    count back and the memory it kept is the OS's again: the same 64 MiB block is mapped afresh
-    (16,384 faults of 4 KiB) the first time after the run. Later allocations may reuse a free
-    chunk inside the heap without faults, as glibc's defaults do too."""
-    import json
-    import platform
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
-    proc = subprocess.run([sys.executable, "-c", _RUN_IN_PROCESS], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (got["threads"], got["inside"], got["restored"]) == (1, 1, 2), got
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return  # another C library's malloc is left as it is
-    assert max(got["during"][-4:]) < 0.05 * BLOCK_PAGES, got["during"]
-    assert got["after"][0] > 0.9 * BLOCK_PAGES, got["after"]
 
 
 @pytest.mark.parametrize("nnodes, why", [

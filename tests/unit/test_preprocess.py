@@ -100,30 +100,3 @@ def test_bad_preprocess_parameters_name_the_key():
         parse(PreprocessConfig, {"splits": [0.5, 0.2, 0.2]}, "preprocess")
     with pytest.raises(ConfigError, match=r"unknown key preprocess\.row_groups"):
         parse(PreprocessConfig, {"row_groups": 5}, "preprocess")
-
-
-def test_days_in_parallel_give_the_same_rows_as_one_process(tmp_path):
-    """Three day files, split boundaries falling inside them: 2 worker processes write exactly
-    the rows (and row numbers) that one process writes; every line once, in order."""
-    from recscale.data.preprocess import preprocess_criteo
-    from recscale.data.synthetic import generate_criteo_tsv
-    from tests.conftest import small_synthetic_config
-
-    days = [generate_criteo_tsv(small_synthetic_config(num_rows=n, seed=10 + i),
-                                tmp_path / f"day_{i}.tsv").path
-            for i, n in enumerate((3000, 5000, 2000))]
-    cfg = PreprocessConfig(row_group_size=1000, splits=(0.6, 0.2, 0.2))
-    one = preprocess_criteo(days, tmp_path / "one", cfg, [50] * 26)
-    two = preprocess_criteo(days, tmp_path / "two", PreprocessConfig(
-        row_group_size=1000, splits=(0.6, 0.2, 0.2), workers=2), [50] * 26)
-    assert one.split_rows == two.split_rows == {"train": 6000, "validation": 2000, "test": 2000}
-    from recscale.data.preprocess import load_manifest
-
-    for split in SPLITS:
-        a = [pq.read_table(f) for f in load_manifest(tmp_path / "one")["splits"][split]["files"]]
-        b = [pq.read_table(f) for f in load_manifest(tmp_path / "two")["splits"][split]["files"]]
-        ta, tb = (t[0].__class__.from_batches([x for tt in t for x in tt.to_batches()]) for t in (a, b))
-        assert ta.equals(tb)
-    rows = np.concatenate([pq.read_table(f).column("row").to_numpy()
-                           for s in SPLITS for f in load_manifest(tmp_path / "two")["splits"][s]["files"]])
-    assert np.array_equal(rows, np.arange(10_000))

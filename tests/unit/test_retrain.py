@@ -197,35 +197,6 @@ def test_run_tags_name_the_run_after_pipeline_env_and_given_params(seed):
         "kedro.env": "local", "kedro.pipeline": "__default__", "mlflow.runName": "__default__ @ local"}
 
 
-def test_a_warm_start_trains_on_the_plans_tiers_and_returns_an_in_memory_cpu_model(
-        parquet_dataset, tmp_path):
-    """The retrain's training takes the one training path: the plan's memory tiers (here a RAM
-    budget puts the largest tables on SSD) and an ordinary in-memory CPU model back, equal to
-    the same warm start trained all in memory."""
-    from recscale.embedding import FusedEmbeddingBags
-    from recscale.retrain import DLRMRetrainConfig, train_warm
-
-    train = {"batch_size_per_rank": 256, "max_steps": 4, "progress": "off", "seed": 2,
-             "checkpoint": {"dir": None}}
-    tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path / "scratch"),
-             "min_cache_rows": 256}
-    model = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
-    in_memory = parse(DLRMRetrainConfig, {"model": model, "train": train}, "")
-    on_tiers = parse(DLRMRetrainConfig, {"model": model, "train": {**train, "tiers": tiers}}, "")
-    first = train_warm(parquet_dataset, in_memory)
-    warm = WarmStart("latest", first.model.state_dict(),
-                     {"table_sizes": parquet_dataset["table_sizes"]}, "the first retrain")
-    tiered = train_warm(parquet_dataset, on_tiers, warm)
-    memory = train_warm(parquet_dataset, in_memory, warm)
-    assert tiered.result.extra["tiers.lookups"] > 0 and tiered.result.extra["tiers.bytes_read.ssd"] > 0
-    assert isinstance(tiered.model.embeddings, FusedEmbeddingBags)
-    assert next(tiered.model.dense_parameters()).device.type == "cpu"
-    a, b, c = tiered.model.state_dict(), memory.model.state_dict(), first.model.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(a[k], c[k]) for k in a)  # it trained on from the warm state
-    assert not list((tmp_path / "scratch").glob("tiered-*"))  # scratch files released
-
-
 def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_rows_fresh():
     """A warm start into larger tables (a grown vocabulary): every old row's weights and
     row-wise Adagrad state bitwise, every new row exactly a fresh model's of the new sizes,
@@ -267,58 +238,3 @@ def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_r
     with pytest.raises(ValueError, match="table C1 would shrink from 4 to 3 rows"):
         load_state_into(grown, recipe.with_tables(bigger).build().state_dict(), recipe,
                         bigger, names)
-
-
-def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model(tmp_path):
-    """Two retrains with ``ids: vocab``: the second grows the first's vocabulary (every id keeps
-    its row), warm-starts from the first's model into the larger tables and trains; a vocabulary
-    that does not match the warm model's tables fails naming the table and the sizes."""
-    from recscale.data.synthetic import generate_criteo_tsv
-    from recscale.data.vocab import VocabularyMismatch, load_vocabulary
-    from recscale.retrain import (
-        DLRMRetrainConfig,
-        checkpoint_source,
-        find_partitions,
-        prepare_partitions,
-        train_warm,
-    )
-    from recscale.retrain.data import vocabulary_file
-
-    landing = tmp_path / "daily"
-    syn = small_synthetic_config(num_rows=2500)
-    generate_criteo_tsv(syn, landing / "day_00.tsv", day=0)
-    generate_criteo_tsv(syn, landing / "day_01.tsv", day=1)
-    parts = find_partitions(landing, "day_*.tsv")
-    cfg = parse(DLRMRetrainConfig, {
-        "preprocess": {"ids": "vocab", "vocab": {"min_count": 1}, "row_group_size": 1000},
-        "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-        "train": {"batch_size_per_rank": 256, "progress": "off", "seed": 1,
-                  "checkpoint": {"dir": None}},
-        "retrain": {"work_dir": str(tmp_path / "work"), "model_dir": str(tmp_path / "models")}},
-        "")
-    m1 = prepare_partitions(parts[:1], WarmStart("cold"), cfg)
-    v1 = load_vocabulary(m1["vocabulary_path"])
-    first = train_warm(m1, cfg, checkpoint_dir=str(tmp_path / "checkpoints"))
-    save_latest(tmp_path / "models", first.model.state_dict(), {"table_sizes": m1["table_sizes"]})
-    warm = first_warm_start([("latest", state_dict_file_source(tmp_path / "models"))])
-    m2 = prepare_partitions(parts[1:], warm, cfg)
-    v2 = load_vocabulary(m2["vocabulary_path"])
-    assert all(np.array_equal(b[:len(a)], a) for a, b in zip(v1.ids, v2.ids))  # same rows
-    assert all(b >= a for a, b in zip(m1["table_sizes"], m2["table_sizes"]))
-    assert sum(m2["table_sizes"]) > sum(m1["table_sizes"])  # day 1 brought new ids
-    second = train_warm(m2, cfg, warm)
-    assert second.table_sizes == tuple(m2["table_sizes"]) and second.result.steps > 0
-    w1, w2 = first.model.embeddings.split_weights(), second.model.embeddings.split_weights()
-    assert all(b.shape[0] == s for b, s in zip(w2, m2["table_sizes"]))
-    assert any(not torch.equal(b[:a.shape[0]], a) for a, b in zip(w1, w2))  # trained on
-    # from the first run's checkpoint (through its state_dict): the same grown run
-    from_ckpt = train_warm(m2, cfg, checkpoint_source(tmp_path / "checkpoints")())
-    a, b = from_ckpt.model.state_dict(), second.model.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    # the kept vocabulary of the warm model's sizes does not match its tables
-    wrong = WarmStart("latest", None, {"table_sizes": [s + 1 for s in m1["table_sizes"]]}, "x")
-    v1.save(vocabulary_file(tmp_path / "models", wrong.table_sizes))
-    with pytest.raises(VocabularyMismatch, match=f"table C1 at {m1['table_sizes'][0]} rows but "
-                                                 f"the warm start from latest has "
-                                                 f"{m1['table_sizes'][0] + 1}"):
-        prepare_partitions(parts[1:], wrong, cfg)
