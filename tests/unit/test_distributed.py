@@ -99,3 +99,31 @@ def test_a_job_across_hosts_needs_a_shared_checkpoint_directory():
     with pytest.raises(ConfigError, match=r"^train.checkpoint.dir=None is not allowed: expected "
                                           r"a directory every host sees"):
         parse(TrainConfig, {"launch": {"world_size": 4, "nnodes": 2}}, "train")
+
+
+def test_a_base_60_nnodes_says_what_went_wrong_and_a_typed_range_stays_a_string():
+    """YAML 1.1 reads an unquoted ``2:3`` as 2 x 60 + 3: where such an integer reaches the key,
+    the error says so; the project's ``kedro run`` keeps what was typed in --params."""
+    import click
+    from click.testing import CliRunner
+
+    from recscale.cli import split_params
+
+    with pytest.raises(ConfigError, match=r"nnodes=123 is not allowed: expected a divisor of "
+                                          r"train.launch.world_size=3 .*base-60 integer 123: "
+                                          r'write "2:3"'):
+        LaunchConfig(world_size=3, nnodes=123, max_restarts=1)
+    with pytest.raises(ConfigError) as plain:  # 5 hosts: no such hint
+        LaunchConfig(world_size=3, nnodes=5)
+    assert "base-60" not in str(plain.value)
+
+    @click.command()
+    @click.option("--params", type=click.UNPROCESSED, default="", callback=split_params)
+    def show(params):
+        click.echo(repr(params))
+
+    got = CliRunner().invoke(show, ["--params=train.launch.nnodes=2:3,train.launch.world_size=3,"
+                                    "rdzv=10.0.0.1:29400,lr=0.5,name=a:b"])
+    assert got.exit_code == 0, got.output
+    assert eval(got.output) == {"train": {"launch": {"nnodes": "2:3", "world_size": 3}},
+                                "rdzv": "10.0.0.1:29400", "lr": 0.5, "name": "a:b"}

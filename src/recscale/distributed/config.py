@@ -34,6 +34,18 @@ def parse_nnodes(value: int | str) -> tuple[int, int] | None:
     return None
 
 
+def base60_hint(value) -> str:
+    """What to add to an error about ``nnodes=value`` when the integer is what YAML 1.1 makes of
+    an unquoted ``min:max`` (``2:3`` is 2 x 60 + 3 = 123), else nothing."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 60:
+        lo, hi = divmod(value, 60)
+        if 1 <= lo <= hi:
+            return (f" (YAML 1.1 reads an unquoted {lo}:{hi} as the base-60 integer {value}: "
+                    f"write \"{lo}:{hi}\" in a parameters or run file; kedro run --params keeps "
+                    f"{lo}:{hi} as typed)")
+    return ""
+
+
 @dataclass(frozen=True)
 class LaunchConfig(Validated):
     """Settings of :func:`recscale.distributed.launch` and :func:`init_worker`."""
@@ -60,7 +72,8 @@ class LaunchConfig(Validated):
         check(nodes is not None, f"{prefix}.nnodes", self.nnodes,
               "a number of hosts >= 1, or 'min:max' with 1 <= min <= max")
         check(self.world_size % nodes[1] == 0, f"{prefix}.nnodes", self.nnodes,
-              f"a divisor of {prefix}.world_size={self.world_size} (for 'min:max': max)")
+              f"a divisor of {prefix}.world_size={self.world_size} (for 'min:max': max)"
+              + base60_hint(self.nnodes))
         check(isinstance(self.rdzv_endpoint, str) and ":" in self.rdzv_endpoint
               and self.rdzv_endpoint.rsplit(":", 1)[1].isdigit(),
               f"{prefix}.rdzv_endpoint", self.rdzv_endpoint, "host:port")
