@@ -10,6 +10,10 @@ fixed-size bags) is measured against the plain-PyTorch DCN below and, where torc
 (``make torchrec``; not a dependency), against TorchRec's DLRM_DCN (torchrec_baseline.py).
 ``--dcn-quality-rows`` trains that config in fp32 and bf16 on multi-hot synthetic data (test AUC).
 
+On a CPU without bf16 units (AVX512_BF16 or AMX; e.g. an AMD EPYC with AVX2 only) torch emulates
+bf16 products far below its fp32 rate: there the bf16 columns would time the emulation, not
+recscale, so they are not measured and the run says why (``recscale.model.precision``).
+
     python benchmarks/bench_train.py                  # every config, fp32 and bf16
     python benchmarks/bench_train.py --configs kaggle-small --reps 7 --steps 20
     python benchmarks/bench_train.py --configs mlperf-dcnv2 --quality-rows 0 --dcn-quality-rows 300000
@@ -35,6 +39,7 @@ from recscale.data.synthetic import MLPERF_MULTI_HOT_SIZES, scaled_cardinalities
 from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.model import MLP, ModelConfig, build_dlrm, interaction_dim
 from recscale.model.dcn import DCNConfig
+from recscale.model.precision import bf16_warning
 from recscale.runconfig import DenseOptimizerConfig
 from recscale.train.runtime import LocalRuntime
 
@@ -119,6 +124,8 @@ def make_batches(cfg, n, seed=0):
     return out
 
 
+# the dense precisions measured: bf16 only where the CPU has bf16 units (main decides)
+PRECISIONS = ("fp32", "bf16")
 DEVICE = "cpu"
 
 
@@ -215,7 +222,7 @@ def quality(rows: int, out_dir: str) -> dict[str, dict]:
     tcfg = TrainConfig(progress="off", dense_optimizer=DenseOptimizerConfig("adam", 0.001),
                        embedding_optimizer=EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.1))
     out = {}
-    for precision in ("fp32", "bf16"):
+    for precision in PRECISIONS:
         res = train_dlrm(man, ModelConfig(dense_precision=precision), tcfg)
         m = evaluate_dlrm(res.model, man, "test", 16384, oracle)
         out[precision] = {"auc": m["auc"], "oracle_auc": m["oracle_auc"],
@@ -231,11 +238,11 @@ def interleaved(name, cfg, batches, flops, args, rate32, rate16) -> dict:
     medians of the per-repetition ratios. The faster plain variant is the plain baseline (dense
     gradients can win when the tables are small, bags long)."""
     sparse_step, dense_step = baseline(cfg), baseline(cfg, sparse=False)
-    ours32, ours16 = ours(cfg, "fp32"), ours(cfg, "bf16")
+    mine = {p: ours(cfg, p) for p in PRECISIONS}
     plain = {"sparse": sparse_step, "dense": dense_step}
     why_not = torchrec_baseline.available()
     if why_not is None:
-        for p in ("fp32", "bf16"):
+        for p in PRECISIONS:
             step, convert = torchrec_baseline.torchrec_step(cfg, LR, p)
             plain[f"torchrec_{p}"] = (step, [convert(b) for b in batches])
     else:
@@ -243,15 +250,15 @@ def interleaved(name, cfg, batches, flops, args, rate32, rate16) -> dict:
     for st in plain.values():
         st, bs = st if isinstance(st, tuple) else (st, batches)
         time_steps(st, bs, 1, 1, batch_size=cfg["batch"])
-    for rt, tcfg in (ours32, ours16):
+    for rt, tcfg in mine.values():
         time_loop(rt, batches, 1, 1, tcfg)
-    rates = {k: [] for k in (*plain, "fp32", "bf16")}
+    rates = {k: [] for k in (*plain, *PRECISIONS)}
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for _ in range(args.reps):
         for k, st in plain.items():
             st, bs = st if isinstance(st, tuple) else (st, batches)
             rates[k].append(time_steps(st, bs, args.steps, 1, 0, clock, cfg["batch"])[0])
-        for p, (rt, tcfg) in (("fp32", ours32), ("bf16", ours16)):
+        for p, (rt, tcfg) in mine.items():
             rates[p].append(time_loop(rt, batches, args.steps, 1, tcfg, 0, clock)[0])
     base_rates = [max(a, b) for a, b in zip(rates["sparse"], rates["dense"])]
     print(f"{name}: plain PyTorch with sparse table gradients "
@@ -260,7 +267,7 @@ def interleaved(name, cfg, batches, flops, args, rate32, rate16) -> dict:
     row = {"config": name, "baseline_samples_per_s": statistics.median(base_rates),
            "baseline_reps": base_rates, "baseline_sparse_grad_reps": rates["sparse"],
            "baseline_dense_grad_reps": rates["dense"]}
-    for p, rate in (("fp32", rate32), ("bf16", rate16)):
+    for p, rate in (("fp32", rate32), ("bf16", rate16))[:len(PRECISIONS)]:
         limit = rate / flops
         med = statistics.median(rates[p])
         row[p] = {"samples_per_s": med, "reps": rates[p],
@@ -268,7 +275,7 @@ def interleaved(name, cfg, batches, flops, args, rate32, rate16) -> dict:
                   "limit_samples_per_s": limit, "fraction_of_limit": med / limit}
     if why_not is None:
         tr = {}
-        for p in ("fp32", "bf16"):
+        for p in PRECISIONS:
             trp = rates[f"torchrec_{p}"]
             # recscale at p over TorchRec at p, and recscale at p over TorchRec in fp32
             tr[p] = {"samples_per_s": statistics.median(trp), "reps": trp,
@@ -304,7 +311,7 @@ def quality_dcn(rows: int, out_dir: str) -> dict[str, dict]:
                        dense_optimizer=DenseOptimizerConfig("adam", 0.001),
                        embedding_optimizer=EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.05))
     out = {}
-    for precision in ("fp32", "bf16"):
+    for precision in PRECISIONS:
         res = train_dlrm(man, model_config(CONFIGS["mlperf-dcnv2"], precision), tcfg)
         m = evaluate_dlrm(res.model, man, "test", 8192, oracle)
         out[precision] = {"auc": m["auc"], "oracle_auc": m["oracle_auc"],
@@ -320,7 +327,8 @@ def print_quality(title: str, q: dict) -> None:
     for p, m in q.items():
         print(f"| {p} | {m['auc']:.4f} | {m['oracle_auc']:.4f} | {m['normalized_entropy']:.4f} | "
               f"{m['train_samples_per_s']:,.0f} |")
-    print(f"bf16 - fp32 AUC: {q['bf16']['auc'] - q['fp32']['auc']:+.4f}")
+    if "bf16" in q:
+        print(f"bf16 - fp32 AUC: {q['bf16']['auc'] - q['fp32']['auc']:+.4f}")
 
 
 def main(argv=None):
@@ -341,11 +349,17 @@ def main(argv=None):
                          "check (0: skip)")
     ap.add_argument("--out-dir", default="benchmarks/out", help="where the quality data goes")
     args = ap.parse_args(argv)
-    global DEVICE
+    global DEVICE, PRECISIONS
     DEVICE = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
-    rate32, rate16 = matmul_rate(torch.float32), matmul_rate(torch.bfloat16)
+    why_no_bf16 = bf16_warning("bf16", DEVICE)
+    if why_no_bf16:
+        PRECISIONS = ("fp32",)
+        print(f"bf16 not measured: {why_no_bf16}. A bf16 column here would time torch's "
+              "emulation, not recscale.")
+    rate32 = matmul_rate(torch.float32)
+    rate16 = matmul_rate(torch.bfloat16) if "bf16" in PRECISIONS else float("nan")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; 2048x512x512 matmul: "
           f"fp32 {rate32 / 1e9:.0f} GFLOP/s, bf16 {rate16 / 1e9:.0f} GFLOP/s")
     results = []
@@ -358,7 +372,7 @@ def main(argv=None):
             continue
         base, base_all = time_steps(baseline(cfg), batches, args.steps, args.reps)
         row = {"config": name, "baseline_samples_per_s": base, "baseline_reps": base_all}
-        for precision, rate in (("fp32", rate32), ("bf16", rate16)):
+        for precision, rate in (("fp32", rate32), ("bf16", rate16))[:len(PRECISIONS)]:
             rt, tcfg = ours(cfg, precision)
             ours_rate, ours_all = time_loop(rt, batches, args.steps, args.reps, tcfg)
             limit = rate / flops
@@ -371,11 +385,12 @@ def main(argv=None):
           "| recscale bf16 | ratio | of bf16 limit |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        f, b = r["fp32"], r["bf16"]
+        f, b = r["fp32"], r.get("bf16")
+        bf = (f"{b['samples_per_s']:,.0f} | {b['ratio']:.2f}x | {b['fraction_of_limit']:.0%}"
+              if b else "not measured (no bf16 units) | | ")
         print(f"| {r['config']} | {r['baseline_samples_per_s']:,.0f} | {f['samples_per_s']:,.0f} | "
-              f"{f['ratio']:.2f}x | {f['fraction_of_limit']:.0%} | {b['samples_per_s']:,.0f} | "
-              f"{b['ratio']:.2f}x | {b['fraction_of_limit']:.0%} |")
-    trows = [r for r in results if "torchrec" in r]
+              f"{f['ratio']:.2f}x | {f['fraction_of_limit']:.0%} | {bf} |")
+    trows = [r for r in results if "torchrec" in r and "bf16" in r["torchrec"]]
     if trows:
         print()
         print("| config | TorchRec DLRM_DCN fp32 | recscale fp32 | ratio | TorchRec bf16 "

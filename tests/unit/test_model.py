@@ -1,4 +1,5 @@
 import importlib
+import re
 
 import numpy as np
 import pytest
@@ -228,3 +229,36 @@ def test_to_cpu_model_copies_tables_optimizer_state_and_dense_layers():
     copy = to_cpu_model(model, recipe_for(manifest, mcfg, tcfg))
     a, b = model.state_dict(), copy.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_dense_layers_on_a_cpu_without_bf16_units_are_named_at_the_start_of_a_run(
+        parquet_dataset, monkeypatch, caplog):
+    """A forced "no bf16" capability: the run warns before it trains, naming the key, the CPU's
+    capability and the rates it measured; with bf16 units, or in fp32, it says nothing."""
+    import logging
+
+    from recscale.model import precision
+    from recscale.train import train_dlrm
+
+    mcfg = parse(ModelConfig, {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1],
+                               "dense_precision": "bf16"}, "model")
+    tcfg = parse(TrainConfig, {"batch_size_per_rank": 256, "max_steps": 2, "progress": "off"},
+                 "train")
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ("AVX2", False))
+    with caplog.at_level(logging.WARNING, logger="recscale.train.entry"):
+        train_dlrm(parquet_dataset, mcfg, tcfg)
+    said = [r.getMessage() for r in caplog.records if "dense_precision" in r.getMessage()]
+    assert len(said) == 1, said
+    assert re.search(r"model\.dense_precision='bf16' on a CPU without bf16 units \(torch's CPU "
+                     r"capability AVX2; .* ran at [0-9.]+ GFLOP/s here against [0-9.]+ in fp32",
+                     said[0]), said[0]
+    # the warning comes before the first step
+    first_step = next((i for i, r in enumerate(caplog.records) if "trained" in r.getMessage()),
+                      len(caplog.records))
+    assert caplog.records.index(next(r for r in caplog.records
+                                     if "dense_precision" in r.getMessage())) < first_step
+    caplog.clear()
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ("AVX512", True))
+    assert precision.bf16_warning("bf16") is None
+    monkeypatch.setattr(precision, "cpu_bf16_units", lambda: ("AVX2", False))
+    assert precision.bf16_warning("fp32") is None and precision.bf16_warning("bf16", "cuda") is None

@@ -32,6 +32,7 @@ from recscale.distributed import (
 from recscale.distributed.job_store import make_spec, serve_and_launch
 from recscale.embedding.tier_placement import placements_from_plan
 from recscale.model import DLRM, ModelConfig, load_state_into, to_cpu_model
+from recscale.model.precision import bf16_warning
 from recscale.report import TrainResult, summarize
 from recscale.runconfig import DLRMConfig, TrainConfig, recipe_for
 from recscale.sharding import ShardingConfig, ShardingPlan
@@ -72,6 +73,8 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     ``recscale.train.job_worker``); ``sharding`` (the run's sharding block) lets the workers replan
     when hosts are lost or come back."""
     comms = comms or CommsConfig()
+    if (slow := bf16_warning(model_cfg.dense_precision, resolve_device(train_cfg.device))):
+        log.warning(slow)
     if isinstance(plan, dict):
         plan = ShardingPlan.from_dict(plan)
     rows = count_rows(manifest["splits"]["train"]["files"])
