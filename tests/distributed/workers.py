@@ -200,7 +200,12 @@ def encoded_a2a_worker(pairs: list[tuple[str, str]]) -> dict:
 
 
 def _encoded_a2a(ctx: WorkerContext, pairs: list[tuple[str, str]]) -> dict:
-    from recscale.comm import encoded_all_to_all, get_codec
+    from recscale.comm import get_codec
+    from recscale.comm.collectives import OutputExchange
+
+    def encoded_all_to_all(x, send, recv, fwd, bwd, group, backward_scale=1.0):
+        ex = OutputExchange(send, recv, fwd, bwd, group, None, "output", backward_scale)
+        return ex.finish(ex.start(x))
 
     out = {}
     cols = 48

@@ -11,7 +11,7 @@ from recscale.data.loader import (
     select_rows,
     shard_row_groups,
 )
-from recscale.data.work import cut, normalize, remaining, reshard, rows, share, split
+from recscale.data.work import cut, normalize, remaining, rows, share, split
 
 
 def positions(work):
@@ -47,7 +47,7 @@ def test_the_rest_of_an_epoch_over_another_world_size_holds_every_row_once(old, 
     n = 10_007
     works = [share(n, k, old) for k in range(old)]
     done = [min(batches * batch, rows(w)) for w in works]
-    pieces = reshard(works, done, new)
+    pieces = split(remaining(works, done), new)
     trained = sum((positions(cut(w, d)[0]) for w, d in zip(works, done, strict=True)), [])
     after = sum((positions(p) for p in pieces), [])
     assert sorted(trained + after) == list(range(n))  # every position exactly once
@@ -61,15 +61,15 @@ def test_a_chain_of_switches_mid_epoch_loses_and_repeats_no_row():
     done = [1000, 3000]
     for w, d in zip(works, done, strict=True):
         trained += positions(cut(w, d)[0])
-    (one,) = reshard(works, done, 1)
+    (one,) = split(remaining(works, done), 1)
     assert rows(one) == n - 4000
     trained += positions(cut(one, 2500)[0])
-    three = reshard([one], [2500], 3)
+    three = split(remaining([one], [2500]), 3)
     assert [rows(p) for p in three] == [833, 834, 834]
     done3 = [833, 800, 834]
     for w, d in zip(three, done3, strict=True):
         trained += positions(cut(w, d)[0])
-    last = reshard(three, done3, 2)  # and back to 2: only the 34 rows rank 1 had left
+    last = split(remaining(three, done3), 2)  # and back to 2: only the 34 rows rank 1 had left
     assert [rows(p) for p in last] == [17, 17]
     trained += sum((positions(p) for p in last), [])
     assert sorted(trained) == list(range(n))
@@ -78,7 +78,7 @@ def test_a_chain_of_switches_mid_epoch_loses_and_repeats_no_row():
 def test_an_epoch_every_rank_finished_leaves_nothing():
     works = [share(100, k, 3) for k in range(3)]
     assert remaining(works, [rows(w) for w in works]) == []
-    assert reshard(works, [rows(w) for w in works], 2) == [[], []]
+    assert split(remaining(works, [rows(w) for w in works]), 2) == [[], []]
     with pytest.raises(ValueError, match="2 counts"):
         remaining(works, [1, 2])
 

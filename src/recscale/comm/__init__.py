@@ -8,7 +8,6 @@ _LAZY = {
     "get_codec": "recscale.comm.codecs",
     "CommStats": "recscale.comm.collectives",
     "all_to_all_1d": "recscale.comm.collectives",
-    "encoded_all_to_all": "recscale.comm.collectives",
     "exchange_counts": "recscale.comm.collectives",
 }
 
@@ -27,7 +26,6 @@ __all__ = [
     "CommStats",
     "CommsConfig",
     "all_to_all_1d",
-    "encoded_all_to_all",
     "exchange_counts",
     "get_codec",
 ]

@@ -227,11 +227,6 @@ def encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, nam
     return PendingEncoded(pending, recv_shapes, recv, codec, name, scale, x)
 
 
-def encoded_exchange(x, send_shapes, recv_shapes, codec, group, stats, name, scale=1.0):
-    """float32 flat ``x`` holding row blocks ``send_shapes`` -> flat float32 of ``recv_shapes``."""
-    return encoded_exchange_start(x, send_shapes, recv_shapes, codec, group, stats, name, scale).wait()
-
-
 def encoded_all_gather(x, rows: int, cols: int, batch_rows: Sequence[int], codec, group, stats,
                        name, scale=1.0) -> torch.Tensor:
     """Every rank's [rows, cols] block of float32 flat ``x`` to every rank (``batch_rows[d]``
@@ -295,18 +290,6 @@ class _ExchangeFinish(torch.autograd.Function):
                                             ex.bwd, ex.group, ex.stats, ex.name + "_grad",
                                             ex.bwd_scale)
         return grad.new_zeros(0), None
-
-
-def encoded_all_to_all(x: torch.Tensor, send_shapes, recv_shapes, forward_codec, backward_codec,
-                       group=None, stats: CommStats | None = None, name: str = "output",
-                       backward_scale: float = 1.0) -> torch.Tensor:
-    """All-to-all of row blocks in a wire precision: block d of ``send_shapes`` ([rows, cols],
-    flat in ``x``) goes to rank d; returns the received blocks decoded to float32, flat. The
-    backward sends the gradients back in ``backward_codec`` (multiplied by ``backward_scale``
-    before encoding and divided after, the fp16 loss scale)."""
-    ex = OutputExchange(send_shapes, recv_shapes, forward_codec, backward_codec, group, stats,
-                        name, backward_scale)
-    return ex.finish(ex.start(x))
 
 
 def make_host_groups(world_size: int, local_world_size: int, rank: int,

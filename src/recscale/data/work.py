@@ -84,9 +84,3 @@ def remaining(works: Sequence[Sequence[Sequence[int]]], done: Sequence[int]) -> 
     for w, n in zip(works, done, strict=True):
         out += cut(w, n)[1]
     return normalize(out)
-
-
-def reshard(works: Sequence[Sequence[Sequence[int]]], done: Sequence[int],
-            world_size: int) -> list[Work]:
-    """The rest of an epoch (``remaining``) over ``world_size`` new ranks."""
-    return split(remaining(works, done), world_size)

@@ -131,7 +131,7 @@ class ShardedEmbeddingCollection(nn.Module):
 
         lay = Routes.of(self.tables, col0, world_size, plan.topology.num_hosts)
         dp, rw, hier, hier_routes = lay.dp, lay.rw, lay.hier, lay.hier_routes
-        self.dp_tables, self.rw_tables, self.hier_tables = dp, rw, hier
+        self.dp_tables, self.rw_tables = dp, rw
         # routes[d]: the (table, shard) pairs rank d serves, in its module's table order: the
         # flat path's first, then the host-bound tables'
         self.routes = [f + h for f, h in zip(lay.flat, hier_routes)]

@@ -40,7 +40,6 @@ __all__ = [
     "ShardSpec",
     "ShardingConfig",
     "ShardingPlan",
-    "ShardingConfig",
     "ShardingType",
     "TablePlan",
     "TableConstraints",
