@@ -1,7 +1,7 @@
 """Preprocessing engines side by side: rows/s and peak memory of the pyarrow engine (2 worker
 processes, one per day file) and the Spark engine (local[2]) on the same synthetic days, in
-``hash`` and ``vocab`` modes, in one run. Each measurement runs in a fresh process; the Spark
-session's start (a JVM, seconds) is outside the timed part, the pyarrow engine's worker start
+``hash`` and ``vocab`` modes, in one run. Each measurement runs in a fresh process; starting
+the Spark session (a JVM, seconds) is outside the timed part, the pyarrow engine's worker start
 inside it. Memory: the driver's peak RSS (the Python process that calls preprocess_criteo), and
 the executors' (pyarrow: the largest worker process; Spark local mode: the JVM, which is driver
 and executor at once, plus its Python workers, summed).

@@ -99,6 +99,6 @@ def spark():
     """One local[2] SparkSession shared by every Spark test (a JVM start costs seconds)."""
     from recscale.data.spark_session import SparkConfig, make_spark_session
 
-    session = make_spark_session(SparkConfig(master="local[2]", conf=SPARK_TEST_CONF))
-    yield session
-    session.stop()
+    spark_session = make_spark_session(SparkConfig(master="local[2]", conf=SPARK_TEST_CONF))
+    yield spark_session
+    spark_session.stop()

@@ -1,7 +1,8 @@
 """recscale: sharded DLRM training with fbgemm, and distributed Hessian-free optimisation.
 
-The library sub-packages (data, sharding, embedding, comm, model, optim, train, evaluate) never
-import Kedro or MLflow; the Kedro pipelines under ``recscale.pipelines`` call them.
+The library sub-packages (data, sharding, embedding, comm, model, distributed, runconfig, train,
+report, scoring, evaluate, retrain, optim, hf, measure) never import Kedro or MLflow; the Kedro
+pipelines under ``recscale.pipelines`` call them (docs/architecture.md maps them).
 """
 
 import logging

@@ -18,6 +18,7 @@ import pytest
 
 from recscale.data.preprocess import SPLITS, PreprocessConfig, preprocess_criteo
 from tests.conftest import PROJECT_ROOT
+from tests.multihost.netns import OWN_GROUP
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +58,7 @@ def standalone_cluster(tmp_path):
         log = tmp_path / f"{name}.log"
         p = subprocess.Popen([str(home / "bin" / "spark-class"), *args], env=env,
                              stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
+                             **OWN_GROUP)  # os.killpg ends the JVM and what it started
         procs.append(p)
         return p, log
 

@@ -26,7 +26,7 @@ def require_netns() -> None:
 
 @pytest.fixture(scope="session")
 def netns_ready():
-    """The capability check, once per session; also removes what SIGKILLed earlier runs left."""
+    """The capability check, once per pytest session; also removes what SIGKILLed earlier runs left."""
     require_netns()
     cleanup_stale("rs")
 

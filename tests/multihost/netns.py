@@ -45,6 +45,10 @@ _live: list[NamespaceHosts] = []
 _live_lock = threading.RLock()
 _prev_sigterm = None  # the SIGTERM handler ours replaced, while ours is installed
 
+# a process group of its own, so os.killpg ends a command and everything it started (Python 3.11
+# and later start one in the child itself; 3.10 through setpgrp before exec)
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
 
 def _b36(x: int) -> str:
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -122,10 +126,11 @@ class Host:
         return [_ip(), "netns", "exec", self.name, *cmd]
 
     def popen(self, cmd, *, env=None, cwd=None, **kwargs) -> subprocess.Popen:
-        """Start `cmd` in this host, in a new session (kill its group with os.killpg)."""
-        kwargs.pop("start_new_session", None)
-        proc = subprocess.Popen(self.argv(cmd), env=env, cwd=cwd, start_new_session=True,
-                                **kwargs)
+        """Start `cmd` in this host, as the leader of a process group of its own (kill the
+        group with os.killpg)."""
+        for key in OWN_GROUP:
+            kwargs.pop(key, None)
+        proc = subprocess.Popen(self.argv(cmd), env=env, cwd=cwd, **OWN_GROUP, **kwargs)
         self._procs.append(proc)
         return proc
 

@@ -159,7 +159,7 @@ def test_kill_host_ends_every_process_in_that_host_only(netns_hosts2):
     other = hosts[0].popen(["sleep", "60"])
     direct = hosts[1].popen(["sleep", "60"])
     escaped = hosts[1].popen(["/bin/sh", "-c", "setsid sleep 60 & echo $!; wait"],
-                             stdout=subprocess.PIPE, text=True)  # a grandchild in its own session
+                             stdout=subprocess.PIPE, text=True)  # a grandchild detached by setsid
     sel = selectors.DefaultSelector()
     sel.register(escaped.stdout, selectors.EVENT_READ)
     assert sel.select(10), "the shell in host 1 printed no pid within 10 s"

@@ -16,6 +16,8 @@ from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
 
 @dataclass(frozen=True)
 class DataConfig(Validated):
+    """The ``data`` block: where a run's raw rows come from."""
+
     source: Literal["synthetic", "criteo_tsv", "parquet"] = "synthetic"
     # synthetic: where the generated TSV goes
     raw_dir: str = "data/01_raw/synthetic"
@@ -34,7 +36,10 @@ class DataConfig(Validated):
 
 
 def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None) -> dict:
-    """Generate (or locate) the raw TSV files -> raw manifest dict."""
+    """The raw files of a run -> its raw manifest: generated synthetic data (a Criteo TSV, or with
+    ``synthetic.multi_hot`` a multi-hot parquet, with its oracle probabilities and AUC), or the
+    user's files (``files``, globs expanded in sorted order: Criteo TSV or multi-hot parquet);
+    a pattern that matches nothing fails naming it."""
     if cfg.source == "synthetic":
         if cfg.synthetic.multi_hot:
             from recscale.data.multihot import generate_multihot_parquet

@@ -1,7 +1,10 @@
 """The registered DLRM as an MLflow pyfunc ("models from code": MLflow stores this file, not a
-pickle). Input: a DataFrame in the preprocessed parquet schema (I1..I13 float32 = log1p of the
-counts, C1..C26 hashed ids, null = missing); output: click probabilities. Weights are loaded with
-``torch.load(weights_only=True)``.
+pickle). Input: a DataFrame of rows as preprocessing wrote them, in the parquet schema of the
+retrain's splits (I1..I13 float32 = log1p of the counts; C1..C26 each id's row in its table:
+with ``preprocess.ids: hash`` the 32-bit id modulo the table size, with ``ids: vocab`` its row in
+the vocabulary the model was trained with, which the caller must then apply too; null = missing);
+output: click probabilities. Raw rows are not taken: the caller preprocesses them as training
+did. Weights are loaded with ``torch.load(weights_only=True)``.
 
     model = mlflow.pyfunc.load_model("models:/recscale-dlrm@champion")
     probs = model.predict(pd.read_parquet("data/05_model_input/retrain/test/part-00000.parquet"))
