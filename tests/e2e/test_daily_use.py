@@ -147,7 +147,7 @@ def test_retrain_day1_then_day2_registers_two_versions_and_champion_follows_the_
         "plots/auc_history.png"}
 
 
-def test_the_registered_champion_predicts_what_the_evaluation_scores(daily):
+def test_the_registered_champion_predicts_what_the_evaluation_scores(daily, monkeypatch):
     """The registered pyfunc (models from code) loads by its alias and scores the held-out rows
     of the last night exactly as the evaluation path scores them (``score_split`` on the same
     split: row for row), and their AUC is the champion AUC that night's retrain recorded."""
@@ -165,6 +165,7 @@ def test_the_registered_champion_predicts_what_the_evaluation_scores(daily):
     frame = pd.concat([pd.read_parquet(f) for f in sorted(work.glob("test/*.parquet"))])
     probs = np.asarray(model.predict(frame))
     assert probs.shape == (len(frame),) and len(frame) > 0
+    monkeypatch.chdir(proj)  # the manifest names its files as the run saw them, from the project
     evaluated = score_split(model.unwrap_python_model().model, load_manifest(work), "test", 4096)
     assert np.array_equal(evaluated.rows, frame["row"].to_numpy())
     np.testing.assert_allclose(probs, evaluated.probs, rtol=1e-6, atol=1e-7)
