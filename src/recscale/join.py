@@ -1,11 +1,13 @@
 """``recscale join``: what every host but the driver runs to take part in a job across hosts.
 
-    recscale join --endpoint 10.0.0.1:29400
+    recscale join --endpoint 10.0.0.1:29400 --secret-file job.secret
 
 The driver runs ``kedro run --pipeline=dlrm --env=cluster`` (its ``train.launch.rdzv_endpoint``
 is the address given here); this host reads the job from the driver (configs, plan, data
-manifest; never a local config), refuses to run if its code differs from the driver's, starts
-its share of the workers and leaves when the job ends. It waits ``--timeout`` seconds for the
+manifest; never a local config), verifies it with the job's secret (``--secret-file``, or
+``RECSCALE_JOB_SECRET``; refused, having written nothing, when the secret differs or the job was
+altered), refuses to run if its code differs from the driver's, starts its share of the workers
+and leaves when the job ends. It waits ``--timeout`` seconds for the
 driver to answer (the driver prepares data and plans before it serves the job).
 """
 
@@ -24,6 +26,9 @@ def join_main(argv: list[str] | None = None) -> int:
                    "(host:port)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds to wait for the driver to answer (default 600)")
+    p.add_argument("--secret-file", default=None, help="the file holding the job's secret (the "
+                   "driver's train.launch.secret_file, or the job.secret its log named); default: "
+                   "RECSCALE_JOB_SECRET")
     args = p.parse_args(argv)
     if ":" not in args.endpoint or not args.endpoint.rsplit(":", 1)[1].isdigit():
         p.error(f"--endpoint={args.endpoint!r} is not allowed: expected host:port")
@@ -31,13 +36,19 @@ def join_main(argv: list[str] | None = None) -> int:
     for noisy in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    from recscale.distributed.job_store import JobError, join
+    from recscale.distributed.job_secret import JobSecretError, host_secret
+    from recscale.distributed.job_store import JobError, driver_answers, join
     from recscale.train.job_worker import check_job_here, job_worker
 
+    try:
+        secret = host_secret(args.secret_file)
+    except JobSecretError as exc:
+        log.error("%s", exc)
+        return 2
     log.info("joining the job of the driver at %s (waiting up to %g s for it)", args.endpoint,
              args.timeout)
     try:
-        results = join(job_worker, args.endpoint, args.timeout, check=check_job_here)
+        results = join(job_worker, args.endpoint, args.timeout, secret, check=check_job_here)
     except JobError as exc:
         log.error("%s", exc)
         return 2
@@ -57,16 +68,6 @@ def join_main(argv: list[str] | None = None) -> int:
     log.info("the job finished: %d steps, final loss %.4f; this host ran ranks %s",
              r0["steps"], r0["final_loss"], sorted(results))
     return 0
-
-
-def driver_answers(endpoint: str, timeout_s: float = 3.0) -> bool:
-    from recscale.distributed.job_store import fetch_job
-
-    try:
-        fetch_job(endpoint, timeout_s)
-    except Exception:  # noqa: BLE001 - any failure: it does not answer
-        return False
-    return True
 
 
 if __name__ == "__main__":

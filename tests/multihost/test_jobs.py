@@ -28,13 +28,19 @@ def dataset(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("mh-data"))
 
 
+# the job's secret every host of these tests holds (the driver and `recscale join` read it from
+# the environment); tests of a host without it, or with another, take it out or change it
+SECRET = "f0e1d2c3" * 8
+
+
 def _env(**extra):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT / "src"),
                                                        str(PROJECT_ROOT)]),
                DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true",
-               MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1")
+               MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1",
+               RECSCALE_JOB_SECRET=SECRET)
     env.update(extra)
-    return env
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def config(endpoint, world, nnodes, ckpt, **train):
@@ -345,3 +351,74 @@ def test_host_bound_types_move_fewer_inter_host_bytes_than_flat_ones_as_the_plan
             assert 0.95 <= ratio <= 1.05, (name, side, vs, extra)
         got[name] = extra["bytes_per_step.embedding.inter_host"]
     assert got["hier"] < 0.5 * got["flat"], got  # the same tables, half or less across hosts
+
+
+def test_hosts_without_the_jobs_secret_or_with_another_are_refused_and_the_job_trains_without_them(
+        netns_hosts, dataset, tmp_path):
+    """Host 2 joins without the secret, then with another: each refused within its deadline,
+    the reason named, having written nothing; the job trains with the hosts that hold it."""
+    hosts = netns_hosts(3)
+    ep = f"{hosts[0].addr}:{PORT}"
+    cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 60})
+    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
+                            cwd=PROJECT_ROOT, **KW)
+    stranger = tmp_path / "stranger"  # host 2's working directory: it must stay empty
+    stranger.mkdir()
+    for env, why in ((_env(RECSCALE_JOB_SECRET=None), "this host has no secret for the job: "
+                      "pass --secret-file"),
+                     (_env(RECSCALE_JOB_SECRET="not-the-jobs"), "this host's secret is not the "
+                      "driver's")):
+        t0 = time.monotonic()
+        res = hosts[2].run(join_cmd(ep, timeout=60), env=env, cwd=stranger, timeout=90)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert why in res.stderr, res.stderr[-2000:]
+        assert time.monotonic() - t0 < 60
+    joiner = hosts[1].popen(join_cmd(ep), env=_env(), cwd=PROJECT_ROOT, **KW)
+    rc, out = wait(driver, "the driver")
+    assert rc == 0, out[-6000:]
+    assert wait(joiner, "host 1")[0] == 0
+    assert result(tmp_path / "job")["steps"] == 4
+    assert not list(stranger.iterdir()), "a refused host wrote into its working directory"
+
+
+REWRITE = """
+import json, sys
+from datetime import timedelta
+import torch.distributed as dist
+host, port = sys.argv[1].rsplit(":", 1)
+store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+job = json.loads(store.get("recscale/job"))  # waits for the driver to publish it
+job["spec"]["payload"]["out_dir"] = "/etc/recscale"
+store.set("recscale/job", json.dumps(job))
+print("rewritten")
+"""
+
+
+def test_a_job_rewritten_in_the_store_by_a_third_host_is_refused_and_the_driver_names_the_missing_host(
+        netns_hosts, dataset, tmp_path):
+    """Host 2 reaches the driver's store and rewrites the job after it was published: host 1,
+    which holds the secret, refuses it naming the alteration and writes nothing; the driver,
+    short of a host, fails within its rendezvous deadline saying so (it never hangs)."""
+    hosts = netns_hosts(3)
+    ep = f"{hosts[0].addr}:{PORT}"
+    ckpt = tmp_path / "ck"
+    cfg = config(ep, 4, 2, ckpt, max_steps=4, launch={"rdzv_timeout_s": 15})
+    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
+                            cwd=PROJECT_ROOT, **KW)
+    rewrite = hosts[2].run([sys.executable, "-c", REWRITE, ep], env=_env(RECSCALE_JOB_SECRET=None),
+                           cwd=PROJECT_ROOT, timeout=90)
+    assert "rewritten" in rewrite.stdout, rewrite.stderr[-2000:]
+    here = tmp_path / "host1"
+    here.mkdir()
+    t0 = time.monotonic()
+    res = hosts[1].run(join_cmd(ep, timeout=60), env=_env(), cwd=here, timeout=90)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"the job at {ep} was altered after the driver signed it" in res.stderr, \
+        res.stderr[-2000:]
+    assert time.monotonic() - t0 < 30
+    assert not list(here.iterdir()) and not Path("/etc/recscale").exists()
+    t0 = time.monotonic()
+    rc, out = wait(driver, "the driver", timeout=120)
+    assert rc != 0 and time.monotonic() - t0 < 60
+    assert "fewer than 2 host(s) joined the rendezvous at" in out, out[-3000:]
+    assert not list(ckpt.glob("*/step-*")), "a checkpoint was written"

@@ -65,6 +65,10 @@ class LaunchConfig(Validated):
     heartbeat_s: float = 5.0  # a host silent for 3 heartbeats is taken as lost
     local_addr: str | None = None  # this host's address for the others; null: the address of
     # the interface that routes to rdzv_endpoint
+    # several hosts: the file holding the job's secret, which signs the job every host verifies
+    # (RECSCALE_JOB_SECRET in the environment takes precedence; neither: a new one is written
+    # 0600 beside the job's output and its path logged)
+    secret_file: str | None = None
 
     def validate(self, prefix: str = "train.launch") -> None:
         check(self.world_size >= 1, f"{prefix}.world_size", self.world_size, ">= 1")
@@ -85,6 +89,8 @@ class LaunchConfig(Validated):
                     "heartbeat_s"):
             check(getattr(self, key) > 0, f"{prefix}.{key}", getattr(self, key), "> 0")
         check_choice(f"{prefix}.start_method", self.start_method, START_METHODS)
+        check(self.secret_file is None or (isinstance(self.secret_file, str) and self.secret_file),
+              f"{prefix}.secret_file", self.secret_file, "null or the path of a file")
 
     @property
     def min_nodes(self) -> int:

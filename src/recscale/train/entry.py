@@ -29,6 +29,7 @@ from recscale.distributed import (
     threads_for_run,
     torchrun_ranks_done,
 )
+from recscale.distributed.job_secret import JobSecretError, driver_secret
 from recscale.distributed.job_store import make_spec, serve_and_launch
 from recscale.embedding.tier_placement import placements_from_plan
 from recscale.model import DLRM, ModelConfig, load_state_into, to_cpu_model
@@ -167,7 +168,12 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
         out_dir = out_dir or os.path.join(train_cfg.checkpoint.dir, run_id, "job")
         os.makedirs(out_dir, exist_ok=True)
         spec = make_spec(train_cfg.launch, run_id, job_payload(manifest, cfg, plan, out_dir))
-        local = serve_and_launch(job_worker, spec, lambda r: len(r[min(r)]["ranks"]))
+        try:
+            secret, source = driver_secret(train_cfg.launch.secret_file, out_dir)
+        except JobSecretError as exc:
+            raise ConfigError(str(exc)) from None
+        log.info("the job's spec is signed with the secret from %s", source)
+        local = serve_and_launch(job_worker, spec, secret, lambda r: len(r[min(r)]["ranks"]))
         transitions = read_events(out_dir)
     else:
         # ours to remove once rank 0's model state is read back. Under torchrun every rank

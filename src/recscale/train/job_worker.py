@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recscale.config import ConfigError, parse, to_dict
 from recscale.distributed import run_in_group, worker_entry
+from recscale.distributed.job_secret import JobSecretError, check_paths, host_secret
 from recscale.distributed.job_store import JobError, fetch_job
 from recscale.runconfig import DLRMConfig, plan_for_run
 from recscale.sharding import ShardingPlan
@@ -43,7 +44,8 @@ WORKER_FETCH_TIMEOUT_S = 60.0  # the store is up by then: the worker's agent met
 
 
 def job_payload(manifest: dict, cfg: DLRMConfig, plan: ShardingPlan, out_dir: str) -> dict:
-    """What the driver publishes: every path absolute (the other hosts run elsewhere)."""
+    """What the driver publishes: every path absolute (the other hosts run elsewhere), and the
+    roots those paths must lie under (``job_paths``), which every host checks."""
     m = json.loads(json.dumps(manifest))
     for split in m.get("splits", {}).values():
         split["files"] = [os.path.abspath(f) for f in split["files"]]
@@ -52,8 +54,58 @@ def job_payload(manifest: dict, cfg: DLRMConfig, plan: ShardingPlan, out_dir: st
         cfg_d["sharding"]["options"].pop(key, None)
     ck = cfg_d["train"]["checkpoint"]
     ck["dir"] = os.path.abspath(ck["dir"]) if ck.get("dir") else None
-    return {"manifest": m, "config": cfg_d, "plan": plan.to_dict(),
-            "out_dir": os.path.abspath(out_dir)}
+    if ck.get("init_from"):
+        ck["init_from"] = os.path.abspath(ck["init_from"])
+    resume = ck.get("resume") or ""
+    if os.sep in resume or resume.startswith("step-"):  # a step directory, as Checkpointer finds it
+        ck["resume"] = os.path.abspath(resume if os.path.isabs(resume) or os.path.exists(resume)
+                                       else os.path.join(ck["dir"] or "", resume))
+    tiers = cfg_d["train"]["tiers"]
+    if tiers.get("scratch_dir"):
+        tiers["scratch_dir"] = os.path.abspath(tiers["scratch_dir"])
+    payload = {"manifest": m, "config": cfg_d, "plan": plan.to_dict(),
+               "out_dir": os.path.abspath(out_dir)}
+    files = [f for split in m["splits"].values() for f in split["files"]]
+    roots = {"data": os.path.commonpath(files) if files else payload["out_dir"],
+             "output": payload["out_dir"]}
+    if len(files) == 1:  # one file: its folder is the root
+        roots["data"] = os.path.dirname(files[0])
+    if ck["dir"]:
+        roots["checkpoints"] = ck["dir"]
+    if ck.get("init_from"):
+        roots["init"] = os.path.dirname(ck["init_from"])
+    if os.path.isabs(ck.get("resume") or ""):
+        roots["resume"] = os.path.dirname(ck["resume"])
+    if tiers.get("scratch_dir"):
+        roots["scratch"] = tiers["scratch_dir"]
+    return {**payload, "roots": roots}
+
+
+def job_paths(payload: dict) -> dict[str, list[str]]:
+    """Every path a host of the job reads or writes, by the root it must lie under."""
+    ck = payload["config"]["train"]["checkpoint"]
+    paths = {"data": [f for s in payload["manifest"]["splits"].values() for f in s["files"]],
+             "output": [payload["out_dir"]]}
+    if ck.get("dir"):
+        paths["checkpoints"] = [ck["dir"]]
+    if os.path.isabs(ck.get("resume") or ""):
+        paths["resume"] = [ck["resume"]]
+    if ck.get("init_from"):
+        paths["init"] = [ck["init_from"]]
+    scratch = payload["config"]["train"]["tiers"].get("scratch_dir")
+    if scratch:
+        paths["scratch"] = [scratch]
+    return paths
+
+
+def check_job_paths(spec: dict) -> None:
+    """A verified job's paths: absolute, normalised, under the roots its driver declared, none a
+    system directory; else ``JobError`` naming the path."""
+    payload = spec["payload"]
+    try:
+        check_paths(payload.get("roots") or {}, job_paths(payload))
+    except JobSecretError as exc:
+        raise JobError(str(exc)) from None
 
 
 def with_world_size(cfg: DLRMConfig, world_size: int) -> DLRMConfig:
@@ -75,7 +127,9 @@ def check_data_readable(manifest: dict, where: str) -> None:
 
 
 def check_job_here(spec: dict) -> None:
-    """What a joining host checks before it joins: it can read the job's data."""
+    """What a joining host checks before it joins: the job's paths lie where its driver said,
+    and it can read the job's data."""
+    check_job_paths(spec)
     check_data_readable(spec["payload"]["manifest"], "this host")
 
 
@@ -140,7 +194,12 @@ def _write_json(path: str, obj: dict) -> None:
 def job_worker(endpoint: str) -> dict[str, Any]:
     """Entry point of every worker of a job across hosts (see the module docstring)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    spec = fetch_job(endpoint, WORKER_FETCH_TIMEOUT_S)
+    try:
+        secret = host_secret(None)  # the launch's environment: the driver's or join's
+    except JobSecretError as exc:
+        raise JobError(str(exc)) from None
+    spec = fetch_job(endpoint, WORKER_FETCH_TIMEOUT_S, secret)
+    check_job_paths(spec)
     job = spec["payload"]
     manifest = job["manifest"]
     check_data_readable(manifest, f"rank {rank} (host {os.environ.get('GROUP_RANK', '?')})")
