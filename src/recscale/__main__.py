@@ -1,6 +1,7 @@
 """``recscale`` / ``python -m recscale``: runs the Kedro project like ``kedro run`` does;
 ``recscale join --endpoint host:port`` takes part in a job across hosts (``recscale.join``);
-``recscale calibrate`` measures this machine into a topology file (``recscale.measure.cli``)."""
+``recscale calibrate`` measures this machine into a topology file (``recscale.measure.cli``);
+``recscale secret`` writes a new secret for jobs across hosts (``recscale.distributed.job_secret``)."""
 
 import sys
 from pathlib import Path
@@ -11,6 +12,10 @@ def main(*args, **kwargs):
         from recscale.join import join_main
 
         sys.exit(join_main(sys.argv[2:]))
+    if not args and sys.argv[1:2] == ["secret"]:
+        from recscale.distributed.job_secret import secret_main
+
+        sys.exit(secret_main(sys.argv[2:]))
     if not args and sys.argv[1:2] == ["calibrate"]:
         from recscale.measure.cli import calibrate_main
 

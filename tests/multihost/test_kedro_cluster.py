@@ -1,6 +1,8 @@
-"""The README's multi-host commands, run as written inside two namespace hosts: the driver runs
-`kedro run --pipeline=dlrm --env=cluster` (toy sizes: conf/test merged into the copy's base, and
---params for the ranks per host), the other host `recscale join --endpoint <driver>:29400`."""
+"""The README's multi-host commands, run as written inside two namespace hosts: `recscale secret`
+once, the driver `kedro run --pipeline=dlrm --env=cluster` (toy sizes: conf/test merged into the
+copy's base, and --params for the ranks per host), the other host `recscale join --endpoint
+<driver>:29400 --secret-file <its copy of the secret>`; and the secret shows nowhere: not in a
+log line of either host, an MLflow param, tag or artifact."""
 
 import subprocess
 import sys
@@ -20,15 +22,23 @@ def test_the_readme_commands_train_one_job_on_two_hosts_with_one_mlflow_run(
     proj = make_project_copy(tmp_path, base_sizes_from="test")
     ep = f"{hosts[0].addr}:29400"
     bin_dir = Path(sys.executable).parent
+    env = _env(RECSCALE_JOB_SECRET=None)  # the README's way: the secret in a file
+    made = subprocess.run([str(bin_dir / "recscale"), "secret", "--out", "conf/local/job.secret"],
+                          cwd=proj, env=env, capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    secret = (proj / "conf" / "local" / "job.secret").read_text().strip()
+    copy = tmp_path / "host1.secret"  # the copy the other host holds
+    copy.write_text(secret + "\n")
+    copy.chmod(0o600)
     params = ",".join([f"train.launch.rdzv_endpoint={ep}", "train.launch.world_size=4",
                        "sharding.topology=cpu-local", "sharding.local_world_size=2",
                        "train.launch.rdzv_timeout_s=120"])
     driver = hosts[0].popen([str(bin_dir / "kedro"), "run", "--pipeline=dlrm", "--env=cluster",
-                             "--params", params], env=_env(), cwd=proj, **KW)
+                             "--params", params], env=env, cwd=proj, **KW)
     elsewhere = tmp_path / "elsewhere"  # the other host needs no project, no config
     elsewhere.mkdir()
-    joiner = hosts[1].popen([str(bin_dir / "recscale"), "join", "--endpoint", ep],
-                            env=_env(), cwd=elsewhere, **KW)
+    joiner = hosts[1].popen([str(bin_dir / "recscale"), "join", "--endpoint", ep,
+                             "--secret-file", str(copy)], env=env, cwd=elsewhere, **KW)
     rc, out = wait(driver, "kedro run on the driver", timeout=400)
     assert rc == 0, out[-6000:]
     jrc, jout = wait(joiner, "recscale join", timeout=60)
@@ -49,6 +59,14 @@ def test_the_readme_commands_train_one_job_on_two_hosts_with_one_mlflow_run(
         assert run[f"metrics.train.bytes_per_step.embedding.{side}.estimate"] > 0
     assert 0.6 < run["metrics.test.auc"]
     assert not list((elsewhere).iterdir()), "the joining host wrote into its working directory"
+    # the secret in no log line, param, tag or artifact of the run
+    assert "signed with the secret from conf/local/job.secret" in out
+    assert secret not in out and secret not in jout
+    assert not [k for k, v in run.items() if secret in str(v)]
+    client = mlflow.MlflowClient()
+    art = Path(client.download_artifacts(run["run_id"], "", str(tmp_path / "artifacts")))
+    leaked = [f for f in art.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    assert not leaked, leaked
 
 
 def test_recscale_join_needs_an_endpoint():
