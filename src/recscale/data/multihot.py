@@ -45,6 +45,7 @@ from recscale.data.processed import (
     PreprocessReport,
     SplitWriter,
 )
+from recscale.data.schema import FittedSchema, criteo_schema
 from recscale.data.synthetic import (
     BLOCK_ROWS,
     SPARSE_MISSING,
@@ -304,6 +305,8 @@ def preprocess_multihot(
         "dense_features": list(DENSE_NAMES), "sparse_features": list(SPARSE_NAMES),
         "table_sizes": table_sizes.tolist(), "pooling_factors": pooling.tolist(),
         "config": to_dict(cfg),
+        "schema": FittedSchema.fit(criteo_schema(kind="multi_hot", id_type="int"),
+                                   table_sizes.tolist()).to_dict(),
     }
     manifest_path = out / MANIFEST_NAME
     manifest_path.write_text(json.dumps(manifest, indent=2))

@@ -27,6 +27,7 @@ from recscale.data.criteo import (
     CriteoBlock,
     RejectedRowsError,
 )
+from recscale.data.schema import FittedSchema, criteo_schema
 from recscale.data.vocab import (
     VOCAB_NAME,
     IdCounter,
@@ -307,6 +308,8 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         "ids": cfg.ids,
         "vocabulary_path": vocab_path,
         "config": to_dict(cfg),
+        # the fitted schema every later stage reads (recscale.data.schema.FittedSchema)
+        "schema": FittedSchema.fit(criteo_schema(), table_sizes.tolist()).to_dict(),
     }
     if written + n_rejected != total:
         raise RuntimeError(f"row accounting failed: {written} written + {n_rejected} rejected "
