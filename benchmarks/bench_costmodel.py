@@ -51,6 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from recscale.config import parse
+from recscale.data.schema import FittedSchema
 from recscale.measure import calibrate, config_for_run
 from recscale.measure.history import merge_calibrations
 from recscale.model import ModelConfig, dense_spec
@@ -107,7 +108,7 @@ def prepare_config(name, spec, manifest, cal_topo, args, scratch) -> dict:
                              "comms": {"forward": prec, "backward": prec},
                              "sharding": {"topology": "cpu-local"}, "train": train}, "")
     plan = plan_for_run(manifest, cfg, measured=cal_topo)
-    dense = dense_spec(cfg.model, len(manifest["table_sizes"]))
+    dense = dense_spec(cfg.model, len(manifest["table_sizes"]), FittedSchema.of(manifest).num_dense)
     preset = cfg.train.tiers.budgeted(cfg.sharding.topology_for(ranks))
     before = predict_step(plan, dense, cfg.train.pipeline, topology=preset)
     after = predict_step(plan, dense, cfg.train.pipeline)
@@ -191,7 +192,8 @@ def run_hosts(args, root: Path, manifest, cal2, merged2: Topology) -> list[dict]
             cfg["train"]["embedding_optimizer"] = {"name": "exact_rowwise_adagrad"}
             dcfg = parse(DLRMConfig, cfg, "")
             plan = plan_for_run(manifest, dcfg)  # what the driver plans (deterministic)
-            dense = dense_spec(dcfg.model, len(manifest["table_sizes"]))
+            dense = dense_spec(dcfg.model, len(manifest["table_sizes"]),
+                               FittedSchema.of(manifest).num_dense)
             preset = Topology.preset("cpu-local", world_size=args.hosts, local_world_size=1)
             preps[name] = {
                 "n": n, "cfg": cfg, "ranks": args.hosts, "tiers": "ddr",

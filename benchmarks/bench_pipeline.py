@@ -44,7 +44,7 @@ def _pipeline(ctx: WorkerContext, cfg, kind, globals_, steps, reps, pipelined):
                                "pipeline": pipelined}, "train")
     torch.set_num_threads(1)
     rt = ShardedRuntime(ctx, bs.make_plan(cfg, kind, 2), bs.model_cfg(cfg), tcfg,
-                        feature_names=bs.FEATURES)
+                        feature_names=bs.FEATURES, num_dense=bs.NUM_DENSE)
     batches = [bs.part(g, ctx.rank, 2) for g in globals_]
     times = []
     for rep in range(reps + 1):  # the first repetition warms up

@@ -39,6 +39,7 @@ CONFIGS = {
                               top=[512, 256, 1], batch=2048),
 }
 FEATURES = tuple(f"f{i}" for i in range(8))
+NUM_DENSE = 13  # dense inputs of the synthetic batches (Criteo's count)
 
 
 def make_batches(cfg, n, seed=0):
@@ -47,7 +48,7 @@ def make_batches(cfg, n, seed=0):
     for _ in range(n):
         b = cfg["batch"]
         ids = np.concatenate([np.minimum(rng.zipf(1.2, size=b) - 1, r - 1) for r in cfg["tables"]])
-        out.append({"dense": rng.normal(size=(b, 13)).astype(np.float32),
+        out.append({"dense": rng.normal(size=(b, NUM_DENSE)).astype(np.float32),
                     "values": ids.astype(np.int64),
                     "lengths": np.ones((len(cfg["tables"]), b), dtype=np.int64),
                     "labels": rng.integers(0, 2, b).astype(np.float32)})
@@ -113,7 +114,8 @@ def _bench(ctx: WorkerContext, cfg, kind, globals_, steps, reps):
     tcfg = parse(TrainConfig, {**TCFG, **LOOP, "launch": {"world_size": 2}}, "train")
     torch.set_num_threads(1)
     plan = make_plan(cfg, kind, ctx.world_size)
-    rt = ShardedRuntime(ctx, plan, model_cfg(cfg), tcfg, feature_names=FEATURES)
+    rt = ShardedRuntime(ctx, plan, model_cfg(cfg), tcfg, feature_names=FEATURES,
+                        num_dense=NUM_DENSE)
     batches = [part(g, ctx.rank, ctx.world_size) for g in globals_]
     secs, last = timed(rt, tcfg, batches, steps, reps, barrier=dist.barrier)
     return {"seconds": secs, "bytes": last.bytes_per_step,
@@ -126,7 +128,8 @@ def _bench(ctx: WorkerContext, cfg, kind, globals_, steps, reps):
 def one_rank(cfg, globals_, steps, reps):
     torch.set_num_threads(2)
     tcfg = parse(TrainConfig, {**TCFG, **LOOP}, "train")
-    model = build_dlrm(model_cfg(cfg), cfg["tables"], 13, EmbeddingOptimizerConfig("exact_sgd", 0.05))
+    model = build_dlrm(model_cfg(cfg), cfg["tables"], NUM_DENSE,
+                       EmbeddingOptimizerConfig("exact_sgd", 0.05))
     batches = [part(g, 0, 1) for g in globals_]
     return timed(LocalRuntime(model, tcfg, torch.device("cpu")), tcfg, batches, steps, reps)[0]
 

@@ -31,6 +31,18 @@ def scenarios():
     return out
 
 
+MIXED_DIMS = {"data_parallel/column_wise/row_wise/table_row_wise": [8, 16, 4, 12],
+              "table_wise/table_column_wise/row_wise/data_parallel": [12, 16, 8, 4]}
+
+
+def mixed_dim_scenarios():
+    """Tables of different dims (a feature schema's) under every sharding type, through the cat
+    interaction (the dot one needs one dim)."""
+    return [{"name": f"mixed_dims/{kinds}/{opt}", "optimizer": opt, "kinds": kinds.split("/"),
+             "dims": dims, "model": {**W.MODEL, "interaction": "cat"}}
+            for kinds, dims in MIXED_DIMS.items() for opt in OPTS]
+
+
 def dcn_scenarios():
     """Multi-hot bags (0 to 12 ids) through the DCN-v2 interaction, mixed plan."""
     bags = W.make_global_batches(3, seed=5, max_len=12)
@@ -47,21 +59,25 @@ def steps():
 @pytest.fixture(scope="module")
 def distributed(steps):
     cfg = LaunchConfig(world_size=2, collective_timeout_s=60)
-    results = launch(W.parity_worker, (scenarios() + dcn_scenarios(), steps), cfg)
+    results = launch(W.parity_worker,
+                     (scenarios() + dcn_scenarios() + mixed_dim_scenarios(), steps), cfg)
     return results[0]
 
 
-def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_params=None):
+def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_params=None,
+              table_dims=None):
     """Single process, all tables in one fused module, mean loss over each global batch.
     ``split_columns``: tables kept as two column halves with their own optimizer state (what
-    column sharding does with row-wise Adagrad), same layout and initial values."""
+    column sharding does with row-wise Adagrad), same layout and initial values;
+    ``table_dims``: each table's dim (default ``W.DIM``)."""
+    table_dims = table_dims or [W.DIM] * len(W.ROWS)
     tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": optimizer, "learning_rate": 0.2},
                                "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
                                "seed": 3}, "train")
     rows, dims, inits, feat = [], [], [], []
     for t, r in enumerate(W.ROWS):
-        full = table_init(3, t, r, W.DIM)
-        parts = [(0, 4), (4, W.DIM)] if t in split_columns else [(0, W.DIM)]
+        full = table_init(3, t, r, table_dims[t])
+        parts = [(0, 4), (4, table_dims[t])] if t in split_columns else [(0, table_dims[t])]
         for a, b in parts:
             rows.append(r)
             dims.append(b - a)
@@ -69,8 +85,8 @@ def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_
             feat.append(t)
     emb = FusedEmbeddingBags(rows, dims, EmbeddingOptimizerConfig(optimizer, 0.2),
                              initial_weights=inits)
-    model = DLRM(W.NUM_DENSE, len(W.ROWS), parse(ModelConfig, model_params or W.MODEL, "model"),
-                 emb, seed=3)
+    model = DLRM(W.NUM_DENSE, dims if model_params and model_params.get("interaction") != "dot"
+                 else len(W.ROWS), parse(ModelConfig, model_params or W.MODEL, "model"), emb, seed=3)
     step = TrainStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer))
 
     def widen(g):  # repeat the features of split tables so each half gets its ids
@@ -144,4 +160,15 @@ def test_dcn_with_multi_hot_bags_equals_the_single_process_run(distributed, sc):
     pooled, tables, dense = reference(sc["optimizer"], sc["steps"], model_params=sc["model"])
     assert any(k.startswith("cross.") for k in dense)
     assert set(got["dense"]) == set(dense)
+    assert_equals_single_process(got, pooled, tables, dense)
+
+
+@pytest.mark.parametrize("sc", mixed_dim_scenarios(), ids=lambda s: s["name"])
+def test_tables_of_different_dims_train_like_one_process_under_every_sharding_type(
+        distributed, steps, sc):
+    got = distributed[sc["name"]]
+    pooled, tables, dense = reference(sc["optimizer"], steps, model_params=sc["model"],
+                                      table_dims=sc["dims"])
+    assert [t.shape[1] for t in got["tables"]] == sc["dims"]
+    assert got["pooled"].shape[1] == sum(sc["dims"])
     assert_equals_single_process(got, pooled, tables, dense)

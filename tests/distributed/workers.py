@@ -88,13 +88,15 @@ def layout(kind: str, rows: int, home: int, dim: int = DIM) -> tuple[str, tuple[
     raise ValueError(kind)
 
 
-def make_plan(kinds: list[str], dim: int = DIM) -> ShardingPlan:
-    base = plan_sharding([TableSpec(f"t{i}", r, dim, feature_names=(f,))
-                          for i, (r, f) in enumerate(zip(ROWS, FEATURES))],
+def make_plan(kinds: list[str], dim: int | list[int] = DIM) -> ShardingPlan:
+    """``dim``: one for every table, or one per table."""
+    dims = [dim] * len(ROWS) if isinstance(dim, int) else list(dim)
+    base = plan_sharding([TableSpec(f"t{i}", r, d, feature_names=(f,))
+                          for i, (r, d, f) in enumerate(zip(ROWS, dims, FEATURES))],
                          Topology.preset("cpu-local", world_size=2), 16)
     tables = []
     for i, (tp, kind) in enumerate(zip(base.tables, kinds)):
-        st, shards = layout(kind, tp.num_embeddings, home=i % 2, dim=dim)
+        st, shards = layout(kind, tp.num_embeddings, home=i % 2, dim=dims[i])
         tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
     return dataclasses.replace(base, tables=tuple(tables))
 
@@ -120,7 +122,7 @@ def _parity(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dict]]) 
                                    "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
                                    "seed": 3}, "train")
         stats = CommStats()
-        model = build_sharded_model(ctx, make_plan(sc["kinds"]),
+        model = build_sharded_model(ctx, make_plan(sc["kinds"], sc.get("dims", DIM)),
                                     parse(ModelConfig, sc.get("model", MODEL), "model"),
                                     tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
         first = to_batch(steps[0][ctx.rank])
@@ -153,7 +155,8 @@ def _memory(ctx: WorkerContext, plan_d: dict) -> dict:
     plan = ShardingPlan.from_dict(plan_d)
     model = build_sharded_model(ctx, plan, parse(ModelConfig, {}, "model"),
                                 parse(TrainConfig, {}, "train"), CommStats(),
-                                feature_names=tuple(t.feature_names[0] for t in plan.tables))
+                                feature_names=tuple(t.feature_names[0] for t in plan.tables),
+                                num_dense=NUM_DENSE)
     return {"measured": model.embeddings.memory_bytes()["fast"],
             "planned": plan.ranks[ctx.rank].memory(plan.topology.compute_tier)}
 

@@ -307,7 +307,7 @@ def test_the_exchanges_work_is_the_one_at_which_the_hosts_training_steps_are_pre
         for d in (16, 128):
             mcfg, plan = step_plan(model, d, 26, 20000, 1024, "exact_rowwise_adagrad",
                                    Topology.preset("cpu-local", world_size=2))
-            real = predict_step(plan, dense_spec(mcfg, 26), True, topology=dataclasses.replace(
+            real = predict_step(plan, dense_spec(mcfg, 26, 13), True, topology=dataclasses.replace(
                 host, exchange_bw=host.exchange_bw * true))
             pts.append({"dim": d, "batch": 1024, "tables": 26, "rows": 20000, "ranks": 2,
                         "optimizer": "exact_rowwise_adagrad", "model": to_dict(model),

@@ -188,7 +188,7 @@ def test_the_interaction_is_costed_per_element_where_calibrated():
     from recscale.config import parse
     from recscale.model import ModelConfig, dense_spec
 
-    dot = dense_spec(ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(4, 1)), 3)
+    dot = dense_spec(ModelConfig(embedding_dim=8, bottom_mlp=(16, 8), top_mlp=(4, 1)), 3, 13)
     f = 4  # 3 tables + the bottom MLP's output
     assert dot.interaction_flops_per_sample == 2 * f * f * 8
     assert dot.interaction_per_sample == f * f * 8
@@ -197,7 +197,7 @@ def test_the_interaction_is_costed_per_element_where_calibrated():
     assert dot.flops_per_sample == mlp + 2 * f * f * 8
     dcn = dense_spec(parse(ModelConfig, {"embedding_dim": 8, "bottom_mlp": [16, 8],
                                          "top_mlp": [4, 1], "interaction": "dcn",
-                                         "dcn": {"num_layers": 2, "low_rank": 5}}, "model"), 3)
+                                         "dcn": {"num_layers": 2, "low_rank": 5}}, "model"), 3, 13)
     n = 8 + 3 * 8
     assert dcn.flops_per_sample == 2 * (13 * 16 + 16 * 8) + 2 * (n * 4 + 4) + 2 * 4 * n * 5
     assert dcn.interaction_per_sample == n + 2 * n

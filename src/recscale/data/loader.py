@@ -1,7 +1,10 @@
 """torchdata.nodes loaders: parquet row groups -> Batch.
 
 One-hot files (an int64 id per feature) decode to ``Columns``; multi-hot files (``list<int64>``
-bags, ``recscale.data.multihot``) to ``BagColumns``; both become the same jagged Batch.
+bags, ``recscale.data.multihot``) to ``BagColumns``; both become the same jagged Batch. Which
+columns are what is read from the file itself, as preprocessing wrote it from the fitted schema
+(``parquet_features``): ``row`` and ``label``, then the dense features (float32), then the sparse
+features (an int64 id, or a list of them), each in the schema's order.
 
 Graph per rank: RowGroupSource (this rank's row groups) -> ParallelMapper (read + decode a row
 group in reader threads; pyarrow releases the GIL) -> Rebatcher (exact batch_size slices across
@@ -25,7 +28,6 @@ import torchdata.nodes as tn
 
 from recscale.config import Validated, check
 from recscale.data.batch import Batch, SparseFeatures
-from recscale.data.criteo import DENSE_NAMES, SPARSE_NAMES
 
 
 @dataclass(frozen=True)
@@ -95,26 +97,29 @@ def rank_row_counts(files: Sequence[str | os.PathLike], world_size: int) -> list
 
 @dataclass
 class Columns:
-    """Decoded rows in numpy: what a row group (or a batch slice of rows) holds."""
+    """Decoded rows in numpy: what a row group (or a batch slice of rows) holds; ``keys``: the
+    sparse features' names (the batch's keys)."""
 
     row: np.ndarray
     label: np.ndarray
     dense: np.ndarray
     ids: np.ndarray
     present: np.ndarray
+    keys: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return int(self.row.shape[0])
 
     def slice(self, a: int, b: int) -> Columns:
-        return Columns(self.row[a:b], self.label[a:b], self.dense[a:b], self.ids[a:b], self.present[a:b])
+        return Columns(self.row[a:b], self.label[a:b], self.dense[a:b], self.ids[a:b],
+                       self.present[a:b], self.keys)
 
     @staticmethod
     def concat(parts: Sequence[Columns]) -> Columns:
         if len(parts) == 1:
             return parts[0]
         return Columns(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                         ("row", "label", "dense", "ids", "present")))
+                         ("row", "label", "dense", "ids", "present")), keys=parts[0].keys)
 
 
 @dataclass
@@ -127,6 +132,7 @@ class BagColumns:
     dense: np.ndarray
     lengths: np.ndarray  # int64 [n, T]
     values: np.ndarray  # int64 [lengths.sum()]
+    keys: tuple[str, ...] = ()  # the sparse features' names
     _starts: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -137,14 +143,14 @@ class BagColumns:
             self._starts = np.concatenate([[0], np.cumsum(self.lengths.sum(axis=1))])
         lo, hi = int(self._starts[a]), int(self._starts[b])
         return BagColumns(self.row[a:b], self.label[a:b], self.dense[a:b], self.lengths[a:b],
-                          self.values[lo:hi])
+                          self.values[lo:hi], self.keys)
 
     @staticmethod
     def concat(parts: Sequence[BagColumns]) -> BagColumns:
         if len(parts) == 1:
             return parts[0]
         return BagColumns(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                            ("row", "label", "dense", "lengths", "values")))
+                            ("row", "label", "dense", "lengths", "values")), keys=parts[0].keys)
 
 
 def regroup(lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -160,59 +166,95 @@ def regroup(lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
     return values[np.repeat(shift, dst_len) + np.arange(int(dst_len.sum()))]
 
 
-def _read_bags(table) -> BagColumns:
+def parquet_features(schema: pa.Schema) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(dense feature names, sparse feature names) of a preprocessed file, in its column order:
+    every float column but ``label`` is a dense feature, every integer or list column but
+    ``row`` a sparse one."""
+    dense, sparse = [], []
+    for f in schema:
+        if f.name in ("row", "label"):
+            continue
+        (dense if pa.types.is_floating(f.type) else sparse).append(f.name)
+    return tuple(dense), tuple(sparse)
+
+
+def _read_bags(table, dense_names, sparse_names) -> BagColumns:
     lengths, flat = [], []
-    for name in SPARSE_NAMES:
+    for name in sparse_names:
         col = table.column(name).combine_chunks()
         lengths.append(pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False))
         flat.append(pc.list_flatten(col).to_numpy(zero_copy_only=False))
     n = table.num_rows
-    lengths_tn = np.stack(lengths).astype(np.int64) if n else np.zeros((len(SPARSE_NAMES), 0),
+    lengths_tn = np.stack(lengths).astype(np.int64) if n else np.zeros((len(sparse_names), 0),
                                                                       np.int64)
     values = np.concatenate(flat).astype(np.int64, copy=False)
     return BagColumns(
         row=table.column("row").to_numpy().copy(),
         label=table.column("label").to_numpy().astype(np.float32),
-        dense=np.stack([table.column(n).to_numpy() for n in DENSE_NAMES], axis=1).astype(np.float32),
+        dense=_dense(table, dense_names),
         lengths=np.ascontiguousarray(lengths_tn.T),
         values=regroup(lengths_tn, values),
+        keys=sparse_names,
     )
 
 
+def _dense(table, names) -> np.ndarray:
+    if not names:
+        return np.zeros((table.num_rows, 0), np.float32)
+    return np.stack([table.column(n).to_numpy() for n in names], axis=1).astype(np.float32)
+
+
 def read_row_group(ref: RowGroupRef) -> Columns | BagColumns:
-    table = pq.ParquetFile(ref.path).read_row_group(ref.index)
+    f = pq.ParquetFile(ref.path)
+    table = f.read_row_group(ref.index)
     if ref.start or ref.stop is not None:
         table = table.slice(ref.start, ref.rows)
-    if pa.types.is_list(table.schema.field(SPARSE_NAMES[0]).type):
-        return _read_bags(table)
-    dense = np.stack([table.column(n).to_numpy() for n in DENSE_NAMES], axis=1).astype(np.float32)
-    ids = np.stack([pc.fill_null(table.column(n), 0).to_numpy() for n in SPARSE_NAMES], axis=1)
-    present = np.stack([table.column(n).is_valid().to_numpy() for n in SPARSE_NAMES], axis=1)
+    dense_names, sparse_names = parquet_features(table.schema)
+    if any(pa.types.is_list(table.schema.field(n).type) for n in sparse_names):
+        return _read_bags(table, dense_names, sparse_names)
+    dense = _dense(table, dense_names)
+    ids = np.stack([pc.fill_null(table.column(n), 0).to_numpy() for n in sparse_names], axis=1)
+    present = np.stack([table.column(n).is_valid().to_numpy() for n in sparse_names], axis=1)
     return Columns(
         row=table.column("row").to_numpy().copy(),
         label=table.column("label").to_numpy().astype(np.float32),
         dense=dense,
         ids=ids.astype(np.int64, copy=False),
         present=present,
+        keys=sparse_names,
     )
 
 
-def empty_columns(num_dense: int = len(DENSE_NAMES), num_sparse: int = len(SPARSE_NAMES)) -> Columns:
+def empty_columns(keys: Sequence[str], num_dense: int) -> Columns:
+    """No rows, of a dataset with sparse features ``keys`` and ``num_dense`` dense ones."""
     return Columns(np.zeros(0, np.int64), np.zeros(0, np.float32),
-                   np.zeros((0, num_dense), np.float32), np.zeros((0, num_sparse), np.int64),
-                   np.zeros((0, num_sparse), bool))
+                   np.zeros((0, num_dense), np.float32), np.zeros((0, len(keys)), np.int64),
+                   np.zeros((0, len(keys)), bool), tuple(keys))
+
+
+def empty_batch(keys: Sequence[str], num_dense: int) -> Batch:
+    """A batch of no rows of a dataset with sparse features ``keys`` and ``num_dense`` dense."""
+    return to_batch(empty_columns(keys, num_dense))
+
+
+def empty_like(batch: Batch | None) -> Batch:
+    """A batch of no rows with the features of ``batch``."""
+    if batch is None:
+        raise RuntimeError("this rank's rows ran out before its first batch and its EpochData "
+                           "names no empty batch of the dataset's features (EpochData.empty)")
+    return empty_batch(batch.sparse.keys, int(batch.dense.shape[1]))
 
 
 def to_batch(cols: Columns | BagColumns) -> Batch:
     if isinstance(cols, BagColumns):
-        sparse = SparseFeatures(SPARSE_NAMES, torch.from_numpy(regroup(cols.lengths, cols.values)),
+        sparse = SparseFeatures(cols.keys, torch.from_numpy(regroup(cols.lengths, cols.values)),
                                 torch.from_numpy(np.ascontiguousarray(cols.lengths.T)))
         return Batch(torch.from_numpy(np.ascontiguousarray(cols.dense)), sparse,
                      torch.from_numpy(np.ascontiguousarray(cols.label)),
                      torch.from_numpy(np.ascontiguousarray(cols.row)))
     return Batch(
         dense=torch.from_numpy(np.ascontiguousarray(cols.dense)),
-        sparse=SparseFeatures.from_dense_ids(SPARSE_NAMES, cols.ids, cols.present),
+        sparse=SparseFeatures.from_dense_ids(cols.keys, cols.ids, cols.present),
         labels=torch.from_numpy(np.ascontiguousarray(cols.label)),
         row_ids=torch.from_numpy(np.ascontiguousarray(cols.row)),
     )

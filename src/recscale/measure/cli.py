@@ -49,7 +49,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                    "default %(default)s)")
     p.add_argument("--tables", type=int, default=None, help="the run's tables: the exchange is "
                    "measured with as many, so its messages are the size a step sends (default: "
-                   "as many as --table-rows gives, else 26)")
+                   "as many as --table-rows gives, else the Criteo preset's 26)")
     p.add_argument("--table-rows", type=_ints, default=(), help="the run's tables' rows, "
                    "comma-separated (a dataset manifest's table_sizes): the in-memory tier is "
                    "measured on tables of these sizes (a lookup's cost per id grows with them; "
@@ -79,8 +79,10 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the other "
                    "hosts (default %(default)s)")
     args = p.parse_args(argv)
-    if args.tables is None:
-        args.tables = len(args.table_rows) or 26
+    if args.tables is None:  # the run's tables, else the Criteo preset's
+        from recscale.measure.config import preset_shape
+
+        args.tables = len(args.table_rows) or preset_shape()[1]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -54,6 +54,8 @@ class CalibrationConfig(Validated):
     # shared by its ranks)
     optimizer: str = "exact_rowwise_adagrad"
     timeout_s: float = 120.0
+    # the run's dense inputs (the dense arch's first layer; null: the Criteo preset's)
+    num_dense: int | None = None
 
     def validate(self, prefix: str = "calibration") -> None:
         for key in ("dims", "poolings", "batch_sizes", "comm_sizes"):
@@ -85,6 +87,22 @@ class CalibrationConfig(Validated):
         check(self.num_threads is None or (isinstance(self.num_threads, int)
                                            and self.num_threads > 0),
               f"{prefix}.num_threads", self.num_threads, "null or a positive integer")
+        check(self.num_dense is None or (isinstance(self.num_dense, int) and self.num_dense >= 0),
+              f"{prefix}.num_dense", self.num_dense, "null or a non-negative integer")
+
+
+def preset_shape() -> tuple[int, int]:
+    """(dense inputs, tables) of the Criteo preset: what the measurement assumes of a run it is
+    not told about (``recscale calibrate`` without ``--tables`` / ``--table-rows``)."""
+    from recscale.data.schema import criteo_schema
+
+    s = criteo_schema()
+    return len(s.dense), len(s.sparse)
+
+
+def dense_inputs(cfg: CalibrationConfig) -> int:
+    """The run's dense inputs: ``cfg.num_dense``, else the Criteo preset's."""
+    return preset_shape()[0] if cfg.num_dense is None else cfg.num_dense
 
 
 # the in-memory module measured on the run's tables holds at most this many bytes of weights at the

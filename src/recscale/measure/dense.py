@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from recscale.data.criteo import NUM_DENSE
-from recscale.measure.config import CalibrationConfig
+from recscale.measure.config import CalibrationConfig, dense_inputs
 from recscale.measure.timing import median_time
 from recscale.model import DenseArch, ModelConfig, dense_model, dense_spec
 
@@ -22,11 +21,12 @@ def measure_dense(model_cfg: ModelConfig, num_tables: int, cfg: CalibrationConfi
     for d in cfg.dims:
         mcfg = dense_model(model_cfg, d)
         torch.manual_seed(0)
-        arch = DenseArch(NUM_DENSE, num_tables, mcfg)
+        num_dense = dense_inputs(cfg)
+        arch = DenseArch(num_dense, num_tables, mcfg)
         opt = torch.optim.Adam(arch.parameters(), lr=1e-3, foreach=True)
-        spec = dense_spec(mcfg, num_tables)
+        spec = dense_spec(mcfg, num_tables, num_dense)
         for B in sizes:
-            x = torch.randn(B, NUM_DENSE)
+            x = torch.randn(B, num_dense)
             # the pooled embeddings take a gradient, as in training (the interaction's backward
             # computes it for the embeddings' own backward)
             emb = torch.randn(B, num_tables * d, requires_grad=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from recscale.data.schema import FittedSchema
 from recscale.measure.config import config_for_run
 from recscale.measure.history import merge_calibrations
 from recscale.measure.machine import Calibration, calibrate
@@ -14,12 +15,15 @@ from recscale.runconfig import DLRMConfig
 log = logging.getLogger(__name__)
 
 
-def calibrate_for_run(cfg: DLRMConfig, table_sizes: list[int]) -> tuple[Calibration, dict]:
-    """-> (the calibration to plan on, its metrics: the fitted constants and how many earlier
-    calibrations it merged)."""
+def calibrate_for_run(cfg: DLRMConfig, manifest: dict) -> tuple[Calibration, dict]:
+    """The measurement of a run on the dataset of ``manifest`` (its tables' rows, its dense
+    inputs) -> (the calibration to plan on, its metrics: the fitted constants and how many
+    earlier calibrations it merged)."""
     sh, train = cfg.sharding, cfg.train
     base = sh.topology_for(train.world_size)
+    table_sizes = list(manifest["table_sizes"])
     mcfg = config_for_run(train.batch_size_per_rank, table_sizes,
+                          num_dense=FittedSchema.of(manifest).num_dense,
                           dims=tuple(sorted({16, cfg.model.embedding_dim})),
                           scratch_dir=train.tiers.scratch_dir,
                           optimizer=train.embedding_optimizer.name,

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from recscale.config import to_dict
-from recscale.measure.config import CalibrationConfig, CalibrationError
+from recscale.measure.config import CalibrationConfig, CalibrationError, preset_shape
 from recscale.measure.machine import Calibration, fit_calibration
 from recscale.measure.timing import median_of_rounds
 from recscale.sharding import Topology
@@ -21,7 +21,7 @@ from recscale.sharding import Topology
 # agree on these can be merged; the rest (reps, rounds, timing, scratch directory) may differ
 _IDENTITY = ("dims", "poolings", "skews", "batch_sizes", "tables", "rows", "table_rows",
              "cache_rows", "cache_fraction", "tiers", "comm_sizes", "comms", "num_threads",
-             "optimizer")
+             "optimizer", "num_dense")
 
 
 def points_path(topology_path) -> str:
@@ -39,7 +39,7 @@ def calibration_key(base: Topology, cfg: CalibrationConfig, num_tables: int,
 
 
 def merge_calibrations(base: Topology, cal: Calibration, path: str, cfg: CalibrationConfig,
-                       num_tables: int = 26, weight_precision: str = "fp32", merge: bool = True,
+                       num_tables: int | None = None, weight_precision: str = "fp32", merge: bool = True,
                        keep: int = 10) -> tuple[Calibration, int]:
     """Keep ``cal``'s points in the file ``path`` (JSON: the last ``keep`` calibrations of one
     layout and config) and, with ``merge``, fit the median of every kept calibration's points
@@ -47,6 +47,7 @@ def merge_calibrations(base: Topology, cal: Calibration, path: str, cfg: Calibra
     one spell and the median of calibrations taken at different times samples the machine.
     -> (the calibration to write, how many earlier ones it merged). A file from another layout
     or config is refused naming what differs (``merge``), or replaced (without)."""
+    num_tables = preset_shape()[1] if num_tables is None else num_tables
     key = calibration_key(base, cfg, num_tables, weight_precision)
     kept: list[dict] = []
     if merge and os.path.exists(path):

@@ -13,7 +13,7 @@ import torch
 
 from recscale.distributed import threads_for_run
 from recscale.measure.comms import measure_comms, measure_exchange
-from recscale.measure.config import CalibrationConfig, CalibrationError
+from recscale.measure.config import CalibrationConfig, CalibrationError, preset_shape
 from recscale.measure.timing import median_of_rounds
 from recscale.model import ModelConfig
 from recscale.sharding import Topology
@@ -27,7 +27,7 @@ LINK_GAP_S = 0.02
 
 def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConfig | None = None,
                  timeout_s: float = 60.0, base: Topology | None = None,
-                 tables: int = 26, model_cfg: ModelConfig | None = None) -> dict[str, Any]:
+                 tables: int | None = None, model_cfg: ModelConfig | None = None) -> dict[str, Any]:
     """The link between hosts: one process per host (``rank`` of ``world_size``; rank 0 serves
     the store at ``endpoint`` = "addr:port", an address the others reach), gloo all-to-alls of
     ``LINK_SIZES`` bytes (reported: ``collectives``) and the runtime's exchange across the link
@@ -49,6 +49,7 @@ def measure_link(rank: int, world_size: int, endpoint: str, cfg: CalibrationConf
 
 
     cfg = cfg or CalibrationConfig()
+    tables = preset_shape()[1] if tables is None else tables
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
         raise CalibrationError(f"link endpoint {endpoint!r}: expected host:port")

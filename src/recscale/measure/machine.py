@@ -48,7 +48,13 @@ from recscale.distributed import (
     worker_entry,
 )
 from recscale.measure.comms import measure_comms, measure_exchange
-from recscale.measure.config import CalibrationConfig, CalibrationError, Sweeps, memory_tables
+from recscale.measure.config import (
+    CalibrationConfig,
+    CalibrationError,
+    Sweeps,
+    memory_tables,
+    preset_shape,
+)
 from recscale.measure.dense import measure_dense
 from recscale.measure.lookups import measure_assembly, measure_module
 from recscale.measure.steps import measure_host_steps, predict_host_steps
@@ -181,7 +187,7 @@ def _merge(per_rank: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
 
 # --- the whole calibration --------------------------------------------------------------------------
 def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
-              model_cfg: ModelConfig | None = None, num_tables: int = 26,
+              model_cfg: ModelConfig | None = None, num_tables: int | None = None,
               weight_precision: str = "fp32", progress_mode: str = "auto") -> Calibration:
     """Measure this machine laid out as ``base`` says (``local_world_size`` ranks measuring at
     the same time, each with its share of the cores, as training runs them) and return ``base``
@@ -193,6 +199,7 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
 
     cfg = cfg or CalibrationConfig()
     model_cfg = model_cfg or ModelConfig()
+    num_tables = preset_shape()[1] if num_tables is None else num_tables
     if base.device != "cpu":
         raise CalibrationError(f"calibration measures CPU ranks here; topology {base.name!r} is "
                                f"for device {base.device!r}: calibrate on its own machines")
@@ -231,12 +238,13 @@ def calibrate(base: Topology, cfg: CalibrationConfig | None = None,
 
 
 def fit_calibration(base: Topology, pts: dict[str, list[dict]],
-                    cfg: CalibrationConfig | None = None, num_tables: int = 26,
+                    cfg: CalibrationConfig | None = None, num_tables: int | None = None,
                     weight_precision: str = "fp32") -> Calibration:
     """``base`` with its constants fitted to measured ``pts`` (a calibration's ``points``, or
     ``median_of_rounds`` of several calibrations' points taken at different times: the same
     ``cfg``, ``num_tables`` and layout)."""
     cfg = cfg or CalibrationConfig()
+    num_tables = preset_shape()[1] if num_tables is None else num_tables
     scratch = cfg.scratch_dir or tempfile.gettempdir()
     lws = base.local_world_size
     orow, oelem = (4.0 * x for x in OPTIMIZER_STATE[cfg.optimizer])

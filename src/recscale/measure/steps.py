@@ -39,8 +39,7 @@ import torch
 from recscale.comm import CommsConfig
 from recscale.config import parse, to_dict
 from recscale.data.batch import Batch, SparseFeatures
-from recscale.data.criteo import NUM_DENSE
-from recscale.measure.config import CalibrationConfig
+from recscale.measure.config import CalibrationConfig, dense_inputs, preset_shape
 from recscale.model import ModelConfig, dense_model, dense_spec
 from recscale.report import steady_per_step
 from recscale.runconfig import TrainConfig
@@ -73,7 +72,8 @@ def measure_link_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig, tabl
     for d in cfg.dims:
         mcfg, plan = step_plan(model_cfg, d, T, cfg.rows, B, cfg.optimizer, topo)
         plans[d] = (mcfg, plan)
-        at = at_factors(plan, dense_spec(mcfg, T), train_cfg.pipeline, topo, "inter_node_bw")
+        at = at_factors(plan, dense_spec(mcfg, T, dense_inputs(cfg)), train_cfg.pipeline, topo,
+                        "inter_node_bw")
         predicted[d] = (at[RATE_FACTORS.index(1.0)].step,  # at the link's measured rate
                         [p.step for p in at], [max(p.comm) for p in at])
     got = _run_steps(ctx, cfg, train_cfg, plans, T)
@@ -100,7 +100,8 @@ def measure_host_steps(ctx, cfg: CalibrationConfig, model_cfg: ModelConfig,
              for d in cfg.dims}
     got = _run_steps(ctx, cfg, _train_config(ctx, cfg), plans, T)
     return [{"dim": d, "batch": B, "tables": T, "rows": cfg.rows, "ranks": ctx.world_size,
-             "optimizer": cfg.optimizer, "seconds": statistics.median(x[0] for x in got[d]),
+             "optimizer": cfg.optimizer, "num_dense": dense_inputs(cfg),
+             "seconds": statistics.median(x[0] for x in got[d]),
              "comm": statistics.median(x[1] for x in got[d]),
              "model": to_dict(model_cfg)} for d in cfg.dims]
 
@@ -118,7 +119,10 @@ def predict_host_steps(pts: list[dict], topo: Topology,
         mcfg, plan = step_plan(parse(ModelConfig, p["model"], "model"), int(p["dim"]),
                                int(p["tables"]), int(p["rows"]), int(p["batch"]),
                                p["optimizer"], preset)
-        at = at_factors(plan, dense_spec(mcfg, int(p["tables"])), True, topo, "exchange_bw",
+        # points kept from before they recorded their dense inputs: the Criteo preset's
+        num_dense = int(p.get("num_dense", preset_shape()[0]))
+        at = at_factors(plan, dense_spec(mcfg, int(p["tables"]), num_dense), True, topo,
+                        "exchange_bw",
                         factors)
         one = at[factors.index(1.0)]
         out.append({**p, "rate_factors": list(factors),
@@ -164,7 +168,8 @@ def _run_steps(ctx, cfg: CalibrationConfig, train_cfg, plans: dict, T: int
     B = max(cfg.batch_sizes)
     names = tuple(f"f{i}" for i in range(T))
     g = torch.Generator().manual_seed(1000 + ctx.rank)
-    batches = [Batch(torch.randn(B, NUM_DENSE, generator=g),
+    num_dense = dense_inputs(cfg)
+    batches = [Batch(torch.randn(B, num_dense, generator=g),
                      SparseFeatures(names, torch.randint(0, cfg.rows, (T * B,), generator=g),
                                     torch.ones(T, B, dtype=torch.int64)),
                      torch.randint(0, 2, (B,), generator=g).float(),
@@ -174,7 +179,7 @@ def _run_steps(ctx, cfg: CalibrationConfig, train_cfg, plans: dict, T: int
     for _ in range(cfg.rounds):
         for d, (mcfg, plan) in plans.items():
             rt = ShardedRuntime(ctx, plan, mcfg, train_cfg, CommsConfig(), feature_names=names,
-                                num_dense=NUM_DENSE)
+                                num_dense=num_dense)
             res = run_loop(rt, EpochData(lambda work=None: iter(batches), STEPS), train_cfg)
             rt.model.embeddings.close()
             del rt  # the DDP replica goes while the group is alive

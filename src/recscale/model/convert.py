@@ -21,7 +21,8 @@ from recscale.model.dlrm import DLRM, ModelConfig, build_dlrm
 class ModelRecipe:
     """What builds a run's DLRM the same way in any process: the model block, the tables' rows,
     the dense inputs, the embedding optimizer and the seed (same recipe, same initial weights);
-    ``tiers``: where tables placed below memory keep their slow tier."""
+    ``tiers``: where tables placed below memory keep their slow tier; ``table_dims``: each
+    table's dim (None: ``model.embedding_dim`` for all)."""
 
     model: ModelConfig
     table_sizes: tuple[int, ...]
@@ -29,10 +30,12 @@ class ModelRecipe:
     embedding_optimizer: EmbeddingOptimizerConfig
     seed: int = 0
     tiers: TierConfig | None = None
+    table_dims: tuple[int, ...] | None = None
 
     def build(self, device: torch.device | str = "cpu", placements=None) -> DLRM:
         return build_dlrm(self.model, self.table_sizes, self.num_dense, self.embedding_optimizer,
-                          seed=self.seed, device=device, placements=placements, tiers=self.tiers)
+                          seed=self.seed, device=device, placements=placements, tiers=self.tiers,
+                          dims=self.table_dims)
 
     def with_tables(self, table_sizes: Sequence[int]) -> ModelRecipe:
         return replace(self, table_sizes=tuple(int(n) for n in table_sizes))
@@ -131,17 +134,19 @@ def grow_tables(dst: DLRM, src: DLRM) -> None:
 
 def recipe_from_resolved(resolved: dict) -> ModelRecipe:
     """The recipe of the model a resolved config (``recscale.train.resolved_config``) describes:
-    only the model block, the table sizes, the dense inputs and the embedding optimizer matter,
-    so configs of older runs load too."""
+    only the model block, the fitted schema (the dense inputs, the tables' rows and dims), the
+    embedding optimizer and the seed matter, so configs of older runs (no schema: the Criteo
+    preset) load too."""
     from recscale.config import parse
-    from recscale.data.criteo import NUM_DENSE
+    from recscale.data.schema import FittedSchema
 
     train = resolved.get("train", {})
-    return ModelRecipe(parse(ModelConfig, resolved["model"], "model"),
-                       tuple(int(n) for n in resolved["table_sizes"]),
-                       int(resolved.get("num_dense", NUM_DENSE)),
+    model_cfg = parse(ModelConfig, resolved["model"], "model")
+    fitted = FittedSchema.of(resolved)
+    return ModelRecipe(model_cfg, fitted.table_rows, fitted.num_dense,
                        parse(EmbeddingOptimizerConfig, train.get("embedding_optimizer"),
-                             "train.embedding_optimizer"), seed=train.get("seed", 0))
+                             "train.embedding_optimizer"), seed=train.get("seed", 0),
+                       table_dims=fitted.table_dims(model_cfg.embedding_dim))
 
 
 def model_from_resolved(resolved: dict, state: dict[str, torch.Tensor]) -> DLRM:

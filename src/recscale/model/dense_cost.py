@@ -5,16 +5,19 @@ alike; ``dense_model`` is a model config at another embedding dim (what the meas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
-from recscale.data.criteo import NUM_DENSE
-from recscale.model.dlrm import ModelConfig, interaction_dim
+from recscale.model.dlrm import ModelConfig, interaction_dim, table_dims
 from recscale.sharding.step_time import DenseSpec
 
 
-def dense_spec(model_cfg: ModelConfig, num_tables: int, num_dense: int = NUM_DENSE) -> DenseSpec:
-    """The dense arch of ``model_cfg`` as the step-time prediction sees it."""
-    top_in = interaction_dim(model_cfg, num_tables)
+def dense_spec(model_cfg: ModelConfig, tables: int | Sequence[int], num_dense: int) -> DenseSpec:
+    """The dense arch of ``model_cfg`` on ``num_dense`` inputs and tables of these dims (or that
+    many at the model's dim) as the step-time prediction sees it."""
+    dims = table_dims(model_cfg, tables)
+    num_tables = len(dims)
+    top_in = interaction_dim(model_cfg, dims)
     d = model_cfg.embedding_dim
     if model_cfg.interaction == "dot":  # [B, F, d] x [B, d, F]
         f = num_tables + 1

@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from recscale.config import Validated, check, check_choice
+from recscale.data.schema import check_dot_dims
 from recscale.model.dcn import DCNConfig, LowRankCrossNet
 
 
@@ -50,12 +51,21 @@ class ModelConfig(Validated):
                   "(the dot interaction multiplies the bottom MLP output with each embedding)")
 
 
-def interaction_dim(cfg: ModelConfig, num_tables: int) -> int:
+def table_dims(cfg: ModelConfig, tables: int | Sequence[int]) -> tuple[int, ...]:
+    """Each table's dim: ``tables`` as given, or that many tables at ``cfg.embedding_dim``."""
+    if isinstance(tables, int):
+        return (cfg.embedding_dim,) * tables
+    return tuple(int(d) for d in tables)
+
+
+def interaction_dim(cfg: ModelConfig, tables: int | Sequence[int]) -> int:
+    """The top MLP's input width for tables of these dims (or that many at the model's dim)."""
+    dims = table_dims(cfg, tables)
     d = cfg.bottom_mlp[-1]
     if cfg.interaction == "dot":
-        f = num_tables + 1
+        f = len(dims) + 1
         return d + f * (f - 1) // 2
-    return d + num_tables * cfg.embedding_dim  # cat, and dcn (a cross net keeps the width)
+    return d + sum(dims)  # cat, and dcn (a cross net keeps the width)
 
 
 class MLP(nn.Sequential):
@@ -74,14 +84,20 @@ class MLP(nn.Sequential):
 class DenseArch(nn.Module):
     """Everything dense: bottom MLP, interaction, top MLP. This is what DDP wraps."""
 
-    def __init__(self, num_dense: int, num_tables: int, cfg: ModelConfig):
+    def __init__(self, num_dense: int, tables: int | Sequence[int], cfg: ModelConfig):
+        """``tables``: the dims of the tables the pooled embeddings come from (or how many, at
+        ``cfg.embedding_dim``)."""
         super().__init__()
         self.cfg = cfg
-        self.num_tables = num_tables
+        self.dims = table_dims(cfg, tables)
+        self.num_tables = num_tables = len(self.dims)
+        if cfg.interaction == "dot":
+            check_dot_dims(self.dims, [f"#{i}" for i in range(num_tables)],
+                           bottom=cfg.bottom_mlp[-1])
         self.bottom = MLP(num_dense, cfg.bottom_mlp)
-        self.top = MLP(interaction_dim(cfg, num_tables), cfg.top_mlp, last_activation=False)
+        self.top = MLP(interaction_dim(cfg, self.dims), cfg.top_mlp, last_activation=False)
         if cfg.interaction == "dcn":
-            self.cross = LowRankCrossNet(interaction_dim(cfg, num_tables), cfg.dcn.num_layers,
+            self.cross = LowRankCrossNet(interaction_dim(cfg, self.dims), cfg.dcn.num_layers,
                                          cfg.dcn.low_rank)
         if cfg.interaction == "dot":
             f = num_tables + 1
@@ -127,15 +143,15 @@ class DLRM(nn.Module):
     model built with the same seed start from the same dense weights.
     """
 
-    def __init__(self, num_dense: int, num_tables: int, cfg: ModelConfig, embeddings: nn.Module,
-                 seed: int = 0):
+    def __init__(self, num_dense: int, tables: int | Sequence[int], cfg: ModelConfig,
+                 embeddings: nn.Module, seed: int = 0):
         super().__init__()
         self.cfg = cfg
-        self.num_tables = num_tables
+        self.num_tables = len(table_dims(cfg, tables))
         self.embeddings = embeddings
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.dense_arch = DenseArch(num_dense, num_tables, cfg)
+            self.dense_arch = DenseArch(num_dense, tables, cfg)
 
     @property
     def dense(self) -> DenseArch:
@@ -172,13 +188,15 @@ def build_dlrm(
     device: torch.device | str = "cpu",
     placements=None,
     tiers=None,
+    dims: Sequence[int] | None = None,
 ) -> DLRM:
     """Single-process DLRM with all tables in one fused fbgemm module. Same seed, same weights.
     ``placements`` (``recscale.embedding.Placement`` per table, e.g. from a plan) put
-    tables on the DDR/SSD tiers behind a cache (``tiers``: TierConfig); training is unchanged."""
+    tables on the DDR/SSD tiers behind a cache (``tiers``: TierConfig); training is unchanged.
+    ``dims``: each table's dim (default: ``cfg.embedding_dim`` for all)."""
     from recscale.embedding import FusedEmbeddingBags
 
-    dims = [cfg.embedding_dim] * len(table_sizes)
+    dims = list(table_dims(cfg, len(table_sizes) if dims is None else dims))
     if placements is not None and any(p.kind != "memory" for p in placements):
         from recscale.embedding.tier_placement import build_embedding_bags
 
@@ -186,5 +204,5 @@ def build_dlrm(
                                    device=device, seed=seed)
     else:
         emb = FusedEmbeddingBags(table_sizes, dims, embedding_optimizer, device=device, seed=seed)
-    model = DLRM(num_dense, len(table_sizes), cfg, emb, seed=seed)
+    model = DLRM(num_dense, dims, cfg, emb, seed=seed)
     return model.to(device)

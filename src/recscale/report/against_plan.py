@@ -28,11 +28,13 @@ def bytes_against_plan(extra: dict[str, float], plan: ShardingPlan) -> dict[str,
 
 
 def step_time_against_plan(extra: dict[str, float], plan: ShardingPlan, model_cfg: ModelConfig,
-                           pipelined: bool, num_tables: int) -> tuple[dict[str, float], str]:
+                           pipelined: bool, num_dense: int) -> tuple[dict[str, float], str]:
     """The cost model's per-rank step time for this run (``recscale.sharding.step_time``, the
-    dense arch of ``model_cfg`` included) beside the measured one, with measured / predicted; and
-    the plan's report followed by the table of both."""
-    pred = predict_step(plan, dense_spec(model_cfg, num_tables), pipelined)
+    dense arch of ``model_cfg`` on ``num_dense`` inputs and the plan's tables included) beside
+    the measured one, with measured / predicted; and the plan's report followed by the table of
+    both."""
+    dims = [t.embedding_dim for t in plan.tables]
+    pred = predict_step(plan, dense_spec(model_cfg, dims, num_dense), pipelined)
     return (step_time_metrics(extra, pred),
             plan.report() + "\n\n" + format_step_report(pred, extra))
 

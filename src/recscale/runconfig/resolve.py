@@ -5,7 +5,7 @@ and go), the retrain and the machine's measurement all ask here, so they agree."
 
 from __future__ import annotations
 
-from recscale.data.criteo import NUM_DENSE
+from recscale.data.schema import FittedSchema, check_dot_dims
 from recscale.data.stats import distinct_fractions
 from recscale.model import ModelConfig, ModelRecipe
 from recscale.runconfig.dlrm import DLRMConfig, TrainConfig
@@ -14,9 +14,15 @@ from recscale.sharding.from_data import table_specs_from_manifest
 
 
 def recipe_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig) -> ModelRecipe:
-    """The DLRM a run of ``model_cfg`` / ``train_cfg`` builds on the manifest's tables."""
-    return ModelRecipe(model_cfg, tuple(int(n) for n in manifest["table_sizes"]), NUM_DENSE,
-                       train_cfg.embedding_optimizer, seed=train_cfg.seed, tiers=train_cfg.tiers)
+    """The DLRM a run of ``model_cfg`` / ``train_cfg`` builds on the manifest's fitted schema:
+    its dense inputs, its tables' rows and dims (a table's own, else ``model.embedding_dim``)."""
+    fitted = FittedSchema.of(manifest)
+    dims = fitted.table_dims(model_cfg.embedding_dim)
+    if model_cfg.interaction == "dot":
+        check_dot_dims(dims, fitted.table_names, bottom=model_cfg.bottom_mlp[-1])
+    return ModelRecipe(model_cfg, fitted.table_rows, fitted.num_dense,
+                       train_cfg.embedding_optimizer, seed=train_cfg.seed, tiers=train_cfg.tiers,
+                       table_dims=dims)
 
 
 def plan_for_run(manifest: dict, cfg: DLRMConfig, measured: Topology | None = None) -> ShardingPlan:
@@ -32,5 +38,6 @@ def plan_for_run(manifest: dict, cfg: DLRMConfig, measured: Topology | None = No
     # the update work of a table is the distinct ids a global batch brings (the data's skew)
     batch = train.batch_size_per_rank * topo.world_size
     distinct = distinct_fractions(manifest, batch, max_batches=max(1, min(4, (1 << 18) // batch)))
-    tables = table_specs_from_manifest(manifest, cfg.model.embedding_dim, distinct)
+    dims = FittedSchema.of(manifest).table_dims(cfg.model.embedding_dim)
+    tables = table_specs_from_manifest(manifest, dims, distinct)
     return plan_sharding(tables, topo, train.batch_size_per_rank, opts)

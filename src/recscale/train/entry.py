@@ -22,6 +22,7 @@ from recscale import __version__
 from recscale.comm import CommsConfig
 from recscale.config import ConfigError, to_dict
 from recscale.data.loader import count_rows
+from recscale.data.schema import FittedSchema
 from recscale.distributed import (
     in_torchrun,
     launch,
@@ -143,9 +144,8 @@ def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_sta
     if train_cfg.checkpoint.dir is not None:
         ckpt = Checkpointer(train_cfg.checkpoint, new_run_id(),
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
-    files = manifest["splits"]["train"]["files"]
     res = run_loop(LocalRuntime(model, train_cfg, device),
-                   loader_data(files, train_cfg, 0, 1, device), train_cfg, ckpt)
+                   loader_data(manifest, train_cfg, 0, 1, device), train_cfg, ckpt)
     if placements is not None or device.type != "cpu":
         model = to_cpu_model(model, recipe)
     return model, {0: res.__dict__}
@@ -224,6 +224,7 @@ def resolved_config(cfg: DLRMConfig, outcome: TrainOutcome, dataset_manifest: di
     from recscale.embedding import FBGEMM_VERSION
 
     return {**to_dict(cfg), "table_sizes": list(outcome.table_sizes),
+            "schema": FittedSchema.of(dataset_manifest).to_dict(),
             "runtime": {"device": outcome.device, "threads": outcome.threads,
                         "torch": torch.__version__, "fbgemm_gpu": FBGEMM_VERSION,
                         "recscale": __version__},

@@ -27,7 +27,7 @@ import torch
 import torchdata.nodes as tn
 
 from recscale.data.batch import Batch
-from recscale.data.loader import empty_columns, to_batch
+from recscale.data.loader import empty_like
 from recscale.data.work import Work, normalize, remaining, rows, share, split
 from recscale.progress import Progress
 from recscale.runconfig import TrainConfig
@@ -54,6 +54,9 @@ class EpochData:
     steps_per_epoch: int
     rows: int | None = None
     batch_size: int | None = None
+    # what a rank trains on once its rows ran out before the others' (a batch of no rows, of the
+    # dataset's features); None: one like the last batch it had
+    empty: Batch | None = None
 
 
 # the first steps of a process are not the step it runs: the first allocates every buffer and
@@ -254,6 +257,7 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     total = min(total, limit) if limit else total
     bar = Progress(total, "training", unit="step", mode=cfg.progress if rt.rank == 0 else "off")
     rt.model.train()
+    last: list[Batch | None] = [None]  # the batch fetched last (an empty one copies its features)
     for epoch in range(start.epoch, cfg.epochs):
         if done:
             break
@@ -273,9 +277,12 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
         it = iter(loader)
         state_of = getattr(loader, "state_dict", None) if ckpt is not None else None
 
-        def fetch(it=it, state_of=state_of):
+        def fetch(it=it, state_of=state_of, last=last):
             t = time.perf_counter()
-            b = next(it, None) or to_batch(empty_columns())  # rows ran out: an empty batch
+            b = next(it, None)
+            if b is None:  # rows ran out: an empty batch
+                b = data.empty if data.empty is not None else empty_like(last[0])
+            last[0] = b
             state = state_of() if state_of is not None else None
             res.data_wait_seconds += time.perf_counter() - t
             return b.to(rt.device, non_blocking=True), state

@@ -19,7 +19,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recscale.comm import CommsConfig
 from recscale.config import parse
-from recscale.data.loader import LoaderConfig, make_loader, rank_row_counts
+from recscale.data.loader import LoaderConfig, empty_batch, make_loader, rank_row_counts
+from recscale.data.schema import FittedSchema
 from recscale.distributed import run_in_group, threads_for_run, worker_entry
 from recscale.model import ModelConfig, cpu_model_from
 from recscale.runconfig import TrainConfig, recipe_for
@@ -29,17 +30,21 @@ from recscale.train.loop import EpochData, run_loop
 from recscale.train.runtime import ShardedRuntime
 
 
-def loader_data(files, train_cfg: TrainConfig, rank: int, world_size: int,
+def loader_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_size: int,
                 device: torch.device) -> EpochData:
-    """This rank's share of ``files``; every rank takes as many steps as the largest share. A
-    resume under another world size opens the row positions it is given instead."""
+    """This rank's share of the manifest's train split; every rank takes as many steps as the
+    largest share. A resume under another world size opens the row positions it is given
+    instead."""
+    files = manifest["splits"]["train"]["files"]
+    fitted = FittedSchema.of(manifest)
     shares = rank_row_counts(files, world_size)
     cfg = LoaderConfig(batch_size=train_cfg.batch_size_per_rank, rank=rank, world_size=world_size,
                        reader_workers=train_cfg.reader_workers, prefetch=train_cfg.prefetch,
                        pin_memory=device.type == "cuda")
     steps = max(math.ceil(c / train_cfg.batch_size_per_rank) for c in shares)
     return EpochData(lambda work=None: make_loader(files, cfg, work), steps, sum(shares),
-                     train_cfg.batch_size_per_rank)
+                     train_cfg.batch_size_per_rank,
+                     empty=empty_batch(fitted.sparse_names, fitted.num_dense))
 
 
 def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -56,13 +61,14 @@ def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
 
 def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
                 on_step) -> dict[str, Any]:
-    rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms)
-    files = manifest["splits"]["train"]["files"]
+    fitted = FittedSchema.of(manifest)
+    rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms,
+                        feature_names=fitted.sparse_names, num_dense=fitted.num_dense)
     ckpt = None
     if train_cfg.checkpoint.dir is not None:
         ckpt = Checkpointer(train_cfg.checkpoint, run_id, ctx.rank, ctx.world_size,
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
-    res = run_loop(rt, loader_data(files, train_cfg, ctx.rank, ctx.world_size, ctx.device),
+    res = run_loop(rt, loader_data(manifest, train_cfg, ctx.rank, ctx.world_size, ctx.device),
                    train_cfg, ckpt, on_step)
     tables_and_states = rt.model.embeddings.full_tables(dst=0)
     path = None

@@ -13,6 +13,7 @@ the step is ``HessianFreeStep`` (``hf_step.py``), whose products are all-reduced
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from recscale.comm import CommsConfig
 from recscale.comm.collectives import CommStats, make_host_groups
 from recscale.comm.ddp_hooks import counting_allreduce_hook, hierarchical_allreduce_hook
-from recscale.data.criteo import NUM_DENSE, SPARSE_NAMES
 from recscale.distributed import WorkerContext
 from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.model.dlrm import DLRM, ModelConfig
@@ -69,11 +69,13 @@ class ShardedRuntime(Runtime):
     """This rank's shards (as ``plan`` says) and a DDP replica of the dense arch."""
 
     def __init__(self, ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
-                 train_cfg: TrainConfig, comms: CommsConfig | None = None,
-                 feature_names=SPARSE_NAMES, num_dense: int = NUM_DENSE):
+                 train_cfg: TrainConfig, comms: CommsConfig | None = None, *,
+                 feature_names: Sequence[str], num_dense: int):
+        """``feature_names``: the sparse features, as the batches name them (the fitted
+        schema's); ``num_dense``: the dense inputs."""
         stats = CommStats()
         model = build_sharded_model(ctx, plan, model_cfg, train_cfg, stats, comms,
-                                    feature_names, num_dense)
+                                    feature_names=feature_names, num_dense=num_dense)
         dense_opt = train_cfg.dense_optimizer
         reduce = None
         if dense_opt.name == "hessian_free":  # the dense arch's HF steps bypass DDP
@@ -98,8 +100,8 @@ class ShardedRuntime(Runtime):
 
 def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
                         train_cfg: TrainConfig, stats: CommStats,
-                        comms: CommsConfig | None = None, feature_names=SPARSE_NAMES,
-                        num_dense: int = NUM_DENSE) -> DLRM:
+                        comms: CommsConfig | None = None, *, feature_names: Sequence[str],
+                        num_dense: int) -> DLRM:
     comms = comms or CommsConfig()
     emb = ShardedEmbeddingCollection(
         plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size,
@@ -110,7 +112,7 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
     # the pipelined policy also overlaps the output all-to-all with the bottom MLP (and, in
     # backward, the gradients' return with its backward); results are identical either way
     emb.overlap_output = train_cfg.pipeline
-    return wrap_dense(DLRM(num_dense, emb.num_tables, model_cfg, emb, seed=train_cfg.seed),
+    return wrap_dense(DLRM(num_dense, emb.dims, model_cfg, emb, seed=train_cfg.seed),
                       ctx, stats, comms.dense_allreduce, plan, train_cfg.dense_reduction)
 
 

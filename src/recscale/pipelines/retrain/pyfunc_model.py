@@ -23,23 +23,26 @@ class DLRMPyfunc(PythonModel):
     def load_context(self, context) -> None:
         import torch
 
+        from recscale.data.schema import FittedSchema
         from recscale.model import model_from_resolved
 
         cfg = json.loads(Path(context.artifacts["resolved_config"]).read_text())
         state = torch.load(context.artifacts["state_dict"], map_location="cpu", weights_only=True)
         self.model = model_from_resolved(cfg, state).eval()
+        fitted = FittedSchema.of(cfg)  # the columns: the dataset's, as the model was trained on
+        self.dense_names, self.sparse_names = fitted.dense_names, fitted.sparse_names
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
         import torch
 
-        from recscale.data.criteo import DENSE_NAMES, SPARSE_NAMES
         from recscale.data.loader import Columns, to_batch
 
         n = len(model_input)
-        sparse = model_input[list(SPARSE_NAMES)]
+        sparse = model_input[list(self.sparse_names)]
         cols = Columns(row=np.arange(n, dtype=np.int64), label=np.zeros(n, np.float32),
-                       dense=model_input[list(DENSE_NAMES)].to_numpy(np.float32),
-                       ids=sparse.fillna(0).to_numpy(np.int64), present=sparse.notna().to_numpy())
+                       dense=model_input[list(self.dense_names)].to_numpy(np.float32),
+                       ids=sparse.fillna(0).to_numpy(np.int64), present=sparse.notna().to_numpy(),
+                       keys=self.sparse_names)
         batch = to_batch(cols)
         with torch.no_grad():
             return torch.sigmoid(self.model(batch.dense, batch.sparse)).numpy().astype(np.float64)

@@ -22,7 +22,7 @@ def calibrate_topology(dataset_manifest: dict, cfg: DLRMConfig):
         return {"calibrated": False, "planned_on": cfg.sharding.topology}, {}
     from recscale.measure import calibrate_for_run
 
-    cal, metrics = calibrate_for_run(cfg, dataset_manifest["table_sizes"])
+    cal, metrics = calibrate_for_run(cfg, dataset_manifest)
     log.info("calibrated topology in %.1f s: %s", cal.seconds, cal.topology)
     return {"calibrated": True, "topology": cal.topology.to_dict()}, as_metrics(metrics)
 

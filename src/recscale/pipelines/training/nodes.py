@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from recscale.data.schema import FittedSchema
 from recscale.evaluate import plots
 from recscale.pipelines.common import as_metrics
 from recscale.report import bytes_against_plan, step_time_against_plan
@@ -28,7 +29,7 @@ def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
     # predicted vs measured step time per rank (compute, communication), and the plan's report
     # with both
     step_time, report = step_time_against_plan(r.extra, plan, cfg.model, cfg.train.pipeline,
-                                               len(dataset_manifest["table_sizes"]))
+                                               FittedSchema.of(dataset_manifest).num_dense)
     metrics.update(as_metrics(step_time))
     figures = {"loss.png": plots.loss_figure(r.history),
                "throughput.png": plots.throughput_figure(r.history)}
