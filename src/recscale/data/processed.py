@@ -262,9 +262,14 @@ def resolve_vocabulary(counter: IdCounter, cfg: PreprocessConfig, out: Path) -> 
 
 def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: PreprocessConfig,
                       total: int, results: list[FileResult], table_sizes: np.ndarray,
-                      vocab_path: str | None = None) -> PreprocessReport:
+                      vocab_path: str | None = None, fitted: FittedSchema | None = None,
+                      file_schema: pa.Schema | None = None) -> PreprocessReport:
     """The parts every engine wrote -> rejects.tsv, the threshold check, the row accounting and
-    the manifest. ``results``: one per part, in any order (``index`` orders them by row)."""
+    the manifest. ``results``: one per part, in any order (``index`` orders them by row);
+    ``fitted``: the fitted schema (default: the Criteo preset's) and ``file_schema`` the parts'
+    columns (default: Criteo's)."""
+    fitted = fitted or FittedSchema.fit(criteo_schema(), np.asarray(table_sizes).tolist())
+    file_schema = file_schema if file_schema is not None else parquet_schema()
     table_sizes = np.asarray(table_sizes, dtype=np.int64)
     rejects_path = out / "rejects.tsv"
     merge_rejects(out, rejects_path)
@@ -279,7 +284,8 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         raise RejectedRowsError(
             f"{n_rejected} of {total} input lines rejected (more than max_reject_fraction="
             f"{cfg.max_reject_fraction}); see {rejects_path} for every rejected line and its reason.")
-    present = np.sum([r.present for r in results], axis=0) if results else np.zeros(NUM_SPARSE)
+    present = np.sum([r.present for r in results], axis=0) if results else \
+        np.zeros(len(fitted.sparse_names))
     pooling = (present / max(written, 1)).round(6)
     splits = {}
     for s in SPLITS:
@@ -287,7 +293,7 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         if not parts:  # an empty split still gets a readable file
             empty = out / s / "part-empty.parquet"
             empty.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(parquet_schema().empty_table(), empty)
+            pq.write_table(file_schema.empty_table(), empty)
             parts = [(str(empty), 0, 0)]
         splits[s] = {"files": [p[0] for p in parts], "rows": int(sum(p[1] for p in parts)),
                      "row_groups": int(sum(p[2] for p in parts))}
@@ -300,8 +306,8 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         "rows_rejected": n_rejected,
         "rejects_path": str(rejects_path),
         "splits": splits,
-        "dense_features": list(DENSE_NAMES),
-        "sparse_features": list(SPARSE_NAMES),
+        "dense_features": list(fitted.dense_names),
+        "sparse_features": list(fitted.sparse_names),
         "table_sizes": table_sizes.tolist(),
         "pooling_factors": pooling.tolist(),
         "engine": cfg.engine,
@@ -309,7 +315,7 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         "vocabulary_path": vocab_path,
         "config": to_dict(cfg),
         # the fitted schema every later stage reads (recscale.data.schema.FittedSchema)
-        "schema": FittedSchema.fit(criteo_schema(), table_sizes.tolist()).to_dict(),
+        "schema": fitted.to_dict(),
     }
     if written + n_rejected != total:
         raise RuntimeError(f"row accounting failed: {written} written + {n_rejected} rejected "

@@ -10,22 +10,62 @@ collections, the planner's table specs, scoring, the retrain and the machine's m
 
 Transforms of a dense feature, applied in order to its raw value (float64), then to float32; a
 missing value is ``missing`` (after the transforms): ``log1p``; ``{"clip": [low, high]}`` (either
-may be null: no bound).
+may be null: no bound); ``standardize`` (minus the mean, over the standard deviation, both of the
+value so far over the train split's present rows, fitted by preprocessing and kept in the
+manifest); ``{"bucketize": [b1, b2, ...]}`` (last only: the value's bucket, ``i`` where
+``b_i <= x < b_{i+1}``, 0 below ``b1``, which makes the feature categorical: its own table of
+``len(boundaries) + 1`` rows; a missing value is an empty bag).
+
+Ids of a sparse feature (``ids``): ``hash`` (an integer id modulo the table's rows; a string id's
+64-bit FNV-1a hash, ``stable_hash``, modulo them), ``vocab`` (a frequency-thresholded vocabulary
+of the train split's ids, ``min_count`` / ``max_size``, row 0 for every other id:
+``recscale.data.vocab``) or ``index`` (the ids are rows already: one outside ``[0, rows)`` is a
+rejected row). A multi-hot feature's list (a list column, or in text a string split at
+``delimiter``) may hold at most ``max_len`` ids; a longer one is rejected (``truncate: reject``)
+or cut to its first or last ``max_len`` (``keep_first`` / ``keep_last``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from recscale.config import ConfigError, Validated, check, check_choice, parse, to_dict
 
-TRANSFORMS = ("log1p", "clip")
+TRANSFORMS = ("log1p", "clip", "standardize", "bucketize")
 SPARSE_KINDS = ("categorical", "multi_hot")
-ID_TYPES = ("int", "hex")  # hex: Criteo's 8-hex-digit ids
+ID_TYPES = ("int", "hex", "string")  # hex: Criteo's 8-hex-digit ids
+ID_POLICIES = ("hash", "vocab", "index")
+TRUNCATE = ("reject", "keep_first", "keep_last")
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def stable_hash(values: Sequence[str]) -> np.ndarray:
+    """64-bit FNV-1a of each string's UTF-8 bytes, as int64 (the same on every machine, process
+    and engine, unlike Python's ``hash``). Vectorised over the strings, one pass per byte
+    position."""
+    import pyarrow as pa
+
+    arr = pa.array(values, type=pa.large_string()) if not isinstance(values, pa.Array) \
+        else values.cast(pa.large_string())
+    n = len(arr)
+    h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+    if n == 0:
+        return h.view(np.int64)
+    arr = arr.fill_null("")
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None \
+        else np.zeros(0, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    with np.errstate(over="ignore"):
+        for k in range(int(lengths.max(initial=0))):
+            live = lengths > k
+            h[live] = (h[live] ^ data[starts[live] + k].astype(np.uint64)) * _FNV_PRIME
+    return h.view(np.int64)
 
 
 def _transform_name(t: Any) -> str:
@@ -59,29 +99,71 @@ class DenseFeature(Validated):
             check_choice(key, name, TRANSFORMS)
             if name == "log1p":
                 check(t == "log1p", key, t, "'log1p' (it takes no arguments)")
+            if name in ("log1p", "standardize"):
+                check(t == name, key, t, f"{name!r} (it takes no arguments)")
             if name == "clip":
                 bounds = t["clip"] if isinstance(t, Mapping) else None
                 check(isinstance(bounds, (list, tuple)) and len(bounds) == 2
                       and all(b is None or isinstance(b, (int, float)) for b in bounds)
                       and (None in bounds or bounds[0] <= bounds[1]), key, t,
                       "{clip: [low, high]} with low <= high (either null: no bound)")
+            if name == "bucketize":
+                b = t["bucketize"] if isinstance(t, Mapping) else None
+                check(isinstance(b, (list, tuple)) and len(b) >= 1
+                      and all(isinstance(v, (int, float)) for v in b)
+                      and all(x < y for x, y in zip(b, b[1:])), key, t,
+                      "{bucketize: [b1, b2, ...]}: at least one boundary, strictly increasing")
+                check(i == len(self.transforms) - 1, key, t,
+                      "the last transform (it makes the feature categorical)")
 
-    def apply(self, raw: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """Raw values (any numeric dtype) -> the model's float32 input; rows not ``present`` get
-        ``missing``."""
+    @property
+    def boundaries(self) -> tuple[float, ...] | None:
+        """The bucketize boundaries (the feature is categorical), or None."""
+        last = self.transforms[-1] if self.transforms else None
+        if isinstance(last, Mapping) and "bucketize" in last:
+            return tuple(float(b) for b in last["bucketize"])
+        return None
+
+    @property
+    def standardizes(self) -> bool:
+        return "standardize" in self.transforms
+
+    def numeric(self, raw: np.ndarray, stats: Mapping[str, float] | None = None,
+                until_standardize: bool = False) -> np.ndarray:
+        """The transforms but ``bucketize`` on raw values (float64); ``stats``: the fitted mean
+        and std of ``standardize``. ``until_standardize``: stop before it (what its statistics
+        are fitted on)."""
         x = raw.astype(np.float64)
         for t in self.transforms:
             if t == "log1p":
                 x = np.log1p(x)
-            else:  # clip
+            elif t == "standardize":
+                if until_standardize:
+                    return x
+                if stats is None:
+                    raise ValueError(f"dense feature {self.name}: standardize has no fitted "
+                                     "statistics (preprocessing fits them on the train split)")
+                x = (x - stats["mean"]) / stats["std"]
+            elif isinstance(t, Mapping) and "clip" in t:
                 low, high = t["clip"]
                 if low is not None:
                     x = np.maximum(x, float(low))
                 if high is not None:
                     x = np.minimum(x, float(high))
-        out = x.astype(np.float32)
+        return x
+
+    def apply(self, raw: np.ndarray, present: np.ndarray,
+              stats: Mapping[str, float] | None = None) -> np.ndarray:
+        """Raw values (any numeric dtype) -> the model's float32 input; rows not ``present`` get
+        ``missing``. (A bucketized feature: ``bucket``.)"""
+        out = self.numeric(raw, stats).astype(np.float32)
         out[~present] = np.float32(self.missing)
         return out
+
+    def bucket(self, raw: np.ndarray, stats: Mapping[str, float] | None = None) -> np.ndarray:
+        """A bucketized feature's raw values -> bucket indices (int64, 0..len(boundaries))."""
+        x = self.numeric(raw, stats)
+        return np.searchsorted(np.asarray(self.boundaries), x, side="right").astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -93,8 +175,14 @@ class SparseFeature(Validated):
     name: str
     column: str = ""
     kind: Literal["categorical", "multi_hot"] = "categorical"
-    id_type: Literal["int", "hex"] = "int"
+    id_type: Literal["int", "hex", "string"] = "int"
     table: str = ""
+    ids: Literal["hash", "vocab", "index"] = "hash"
+    min_count: int = 1  # ids: vocab
+    max_size: int | None = None  # ids: vocab (the most frequent kept; null: no cap)
+    max_len: int | None = None  # multi_hot: most ids in a row's list (null: preprocess.max_bag_size)
+    truncate: Literal["reject", "keep_first", "keep_last"] = "reject"
+    delimiter: str = "|"  # multi_hot in a text source: the list's separator
 
     @property
     def source(self) -> str:
@@ -109,6 +197,19 @@ class SparseFeature(Validated):
               "a non-empty name")
         check_choice(f"{prefix}.kind", self.kind, SPARSE_KINDS)
         check_choice(f"{prefix}.id_type", self.id_type, ID_TYPES)
+        check_choice(f"{prefix}.ids", self.ids, ID_POLICIES)
+        check_choice(f"{prefix}.truncate", self.truncate, TRUNCATE)
+        check(self.min_count >= 1, f"{prefix}.min_count", self.min_count, ">= 1")
+        check(self.max_size is None or self.max_size >= 1, f"{prefix}.max_size", self.max_size,
+              "null or >= 1")
+        check(self.max_len is None or self.max_len >= 1, f"{prefix}.max_len", self.max_len,
+              "null or >= 1")
+        check(self.kind == "multi_hot" or (self.max_len is None and self.truncate == "reject"),
+              f"{prefix}.max_len", self.max_len, "unset for a categorical feature (one id a row)")
+        check(isinstance(self.delimiter, str) and len(self.delimiter) >= 1,
+              f"{prefix}.delimiter", self.delimiter, "a non-empty string")
+        check(self.ids != "index" or self.id_type == "int", f"{prefix}.id_type", self.id_type,
+              "'int' with ids: index (the ids are the table's rows)")
 
 
 @dataclass(frozen=True)
@@ -157,20 +258,38 @@ class FeatureSchema(Validated):
         for i, t in enumerate(self.tables):
             check(names.count(t.name) == 1, f"{prefix}.tables[{i}].name", t.name,
                   "a name no other table has")
-        used = {f.table_name for f in self.sparse}
+        for i, f in enumerate(self.sparse):
+            if f.ids == "index":
+                check(self.table_of(f.table_name).rows is not None,
+                      f"{prefix}.tables", f.table_name,
+                      f"an entry for table {f.table_name!r} with its rows (features.sparse[{i}] "
+                      "takes its ids as rows: ids: index)")
+        used = {f.table_name for f in self.sparse_inputs}
         for i, t in enumerate(self.tables):
             check(t.name in used, f"{prefix}.tables[{i}].name", t.name,
                   f"the table of a sparse feature (used: {', '.join(sorted(used))})")
         by_table: dict[str, list[str]] = {}
-        for f in self.sparse:
+        for f in self.sparse_inputs:
             by_table.setdefault(f.table_name, []).append(f.name)
-        for i, f in enumerate(self.sparse):
+        for i, f in enumerate(self.sparse_inputs):
             if len(by_table[f.table_name]) > 1:
                 others = [n for n in by_table[f.table_name] if n != f.name]
                 raise ConfigError(
                     f"{prefix}.sparse[{i}].table={f.table_name!r} is not allowed yet: "
                     f"features {f.name} and {', '.join(others)} would share it; give each "
                     "feature its own table")
+
+    @property
+    def dense_inputs(self) -> tuple[DenseFeature, ...]:
+        """The dense features the model takes as numbers (not bucketized)."""
+        return tuple(f for f in self.dense if f.boundaries is None)
+
+    @property
+    def sparse_inputs(self) -> tuple[SparseFeature, ...]:
+        """The features the model looks up: the sparse ones, then the bucketized dense ones
+        (their bucket is the id: a table of their own)."""
+        return self.sparse + tuple(SparseFeature(f.name, column=f.source, ids="index")
+                                   for f in self.dense if f.boundaries is not None)
 
     def table_of(self, name: str) -> EmbeddingTable:
         for t in self.tables:
@@ -200,6 +319,8 @@ PRESETS = ("criteo",)
 
 def parse_features(value: Any, prefix: str = "features") -> FeatureSchema:
     """The ``features`` block: a preset's name, or the schema itself."""
+    if isinstance(value, FeatureSchema):
+        return value
     if isinstance(value, str):
         check_choice(prefix, value, PRESETS)
         return criteo_schema()
@@ -216,18 +337,20 @@ class FittedSchema:
     schema: FeatureSchema
     table_rows: tuple[int, ...]  # one per table of ``table_names``
     table_names: tuple[str, ...]
+    # per standardized dense feature: its train split's {"mean", "std"} (of the value before it)
+    stats: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def dense_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.schema.dense)
+        return tuple(f.name for f in self.schema.dense_inputs)
 
     @property
     def sparse_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.schema.sparse)
+        return tuple(f.name for f in self.schema.sparse_inputs)
 
     @property
     def num_dense(self) -> int:
-        return len(self.schema.dense)
+        return len(self.schema.dense_inputs)
 
     def table_dims(self, default_dim: int) -> tuple[int, ...]:
         """Each table's dim: its own, else ``default_dim`` (``model.embedding_dim``)."""
@@ -235,22 +358,30 @@ class FittedSchema:
 
     def feature_tables(self) -> tuple[int, ...]:
         """For each sparse feature, the index of its table."""
-        return tuple(self.table_names.index(f.table_name) for f in self.schema.sparse)
+        return tuple(self.table_names.index(f.table_name) for f in self.schema.sparse_inputs)
 
     def to_dict(self) -> dict:
-        return {"schema": to_dict(self.schema), "tables": [
+        out = {"schema": to_dict(self.schema), "tables": [
             {"name": n, "rows": int(r)} for n, r in zip(self.table_names, self.table_rows)]}
+        if self.stats:
+            out["stats"] = {k: {s: float(v) for s, v in d.items()} for k, d in self.stats.items()}
+        return out
 
     @classmethod
-    def fit(cls, schema: FeatureSchema, rows: Sequence[int]) -> FittedSchema:
+    def fit(cls, schema: FeatureSchema, rows: Sequence[int],
+            stats: Mapping[str, Mapping[str, float]] | None = None) -> FittedSchema:
         """``schema`` with its tables' rows (``rows``: one per table, in the order of the sparse
-        features' first use; a table's own ``rows`` where it gives them)."""
-        names = tuple(dict.fromkeys(f.table_name for f in schema.sparse))
+        features' first use; a table's own ``rows`` where it gives them) and the fitted
+        statistics of its standardized dense features."""
+        names = tuple(dict.fromkeys(f.table_name for f in schema.sparse_inputs))
         if len(rows) != len(names):
             raise ValueError(f"{len(rows)} table sizes for the {len(names)} tables "
                              f"{', '.join(names)}")
+        missing = [f.name for f in schema.dense if f.standardizes and f.name not in (stats or {})]
+        if missing:
+            raise ValueError(f"no fitted statistics for standardized dense feature(s) {missing}")
         return cls(schema, tuple(int(schema.table_of(n).rows or r) for n, r in zip(names, rows)),
-                   names)
+                   names, dict(stats or {}))
 
     @classmethod
     def of(cls, manifest: Mapping[str, Any]) -> FittedSchema:
@@ -263,7 +394,7 @@ class FittedSchema:
             # and a dataset's own agree on them; they win where a caller replaced them)
             rows = manifest.get("table_sizes") or [t["rows"] for t in s["tables"]]
             return cls(schema, tuple(int(r) for r in rows),
-                       tuple(t["name"] for t in s["tables"]))
+                       tuple(t["name"] for t in s["tables"]), s.get("stats", {}))
         # written before the schema was: the Criteo preset's dense features and id kind, one table
         # per entry of table_sizes (named as sparse_features says, where it does)
         kind = "multi_hot" if manifest.get("multi_hot") else "categorical"

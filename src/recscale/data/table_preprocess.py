@@ -1,0 +1,545 @@
+"""A user's own click log -> the parquet splits, driven by the feature schema (``features``).
+
+Sources (``data.source: table``): parquet files or directories of them (a ``key=value`` folder of
+the path, e.g. ``day=2024-01-03``, is a column ``key`` of its rows), and delimited text files with
+a header (``.csv``, ``.tsv``, ``.txt``; ``data.delimiter``). Files are read in the order given,
+in bounded memory (record batches of ``preprocess.chunk_bytes`` of text, or parquet row groups).
+
+Before any work every file's columns are checked against the schema: a missing column, or one
+whose type cannot hold what the schema says (a dense feature that is not a number, an ``int`` id
+column of strings, a multi-hot feature that is neither a list nor a string), fails naming the
+column, the file and the type expected. A row that cannot be used becomes a line of
+``rejects.tsv`` with its reason (and ``preprocess.max_reject_fraction`` applies): a label that is
+not 0 or 1, a dense value that is not a number, an id that is not of its ``id_type``, an id outside
+its table (``ids: index``), a null inside a list, a list longer than ``max_len`` without a
+truncation rule. Every input row is written or rejected: the manifest's accounting says so.
+
+Two passes: the first over the train split's rows fits what the schema leaves to the data (the
+vocabularies of ``ids: vocab`` features, the statistics of ``standardize``), the second writes the
+rows: ``row`` (the row's number over all input rows, in order), ``label`` (int8), the dense
+inputs (float32) and the sparse inputs (int64 ids; list<int64> bags when any feature is
+multi-hot), in the schema's order, which is what the loader reads. The fitted schema goes into the
+manifest (``recscale.data.schema.FittedSchema``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from recscale.config import ConfigError
+from recscale.data.criteo import RejectedRowsError, RejectLog
+from recscale.data.processed import (
+    SPLITS,
+    FileResult,
+    PreprocessConfig,
+    PreprocessReport,
+    SplitWriter,
+    finish_preprocess,
+    prepare_output,
+    split_bounds,
+)
+from recscale.data.schema import (
+    FeatureSchema,
+    FittedSchema,
+    SparseFeature,
+    stable_hash,
+)
+from recscale.data.vocab import (
+    VOCAB_NAME,
+    IdCounter,
+    VocabConfig,
+    Vocabulary,
+    build_vocabulary,
+    load_vocabulary,
+)
+
+log = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = (".csv", ".tsv", ".txt")
+_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+_INTEGER = r"^\s*[-+]?\d+\s*$"
+_HEX = r"^\s*[0-9a-fA-F]{1,16}\s*$"
+
+
+# --- the source: files, their columns, their rows ----------------------------------------------------
+def source_files(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """Files and directories (their parquet and text files, recursively, in sorted order)."""
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and
+                           (f.suffix in (".parquet", ".pq") or f.suffix in TEXT_SUFFIXES))
+            if not found:
+                raise ConfigError(f"data.files: directory {str(p)!r} holds no parquet or text file")
+            out += found
+        else:
+            out.append(str(p))
+    return out
+
+
+def is_text(path: str) -> bool:
+    return Path(path).suffix in TEXT_SUFFIXES
+
+
+def partition_columns(path: str) -> dict[str, str]:
+    """The ``key=value`` folders of a file's path (a day partition, ...)."""
+    return dict(part.split("=", 1) for part in Path(path).parent.parts if "=" in part)
+
+
+def _file_schema(path: str, delimiter: str) -> pa.Schema:
+    if is_text(path):
+        with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=delimiter),
+                           convert_options=pcsv.ConvertOptions(auto_dict_encode=False),
+                           read_options=pcsv.ReadOptions(block_size=1 << 16)) as reader:
+            names = reader.schema.names
+        return pa.schema([pa.field(n, pa.string()) for n in names])
+    schema = pq.read_schema(path)
+    for k in partition_columns(path):
+        if k not in schema.names:
+            schema = schema.append(pa.field(k, pa.string()))
+    return schema
+
+
+def _needed(schema: FeatureSchema) -> list[tuple[str, str, str]]:
+    """(column, the feature that reads it, what it must hold)."""
+    out = [(schema.label, "features.label", "number")]
+    out += [(f.source, f"features.dense[{i}] ({f.name})", "number")
+            for i, f in enumerate(schema.dense)]
+    for i, f in enumerate(schema.sparse):
+        what = "list" if f.kind == "multi_hot" else ("integer" if f.id_type == "int" else "string")
+        out.append((f.source, f"features.sparse[{i}] ({f.name})", what))
+    return out
+
+
+def _holds(t: pa.DataType, what: str, text: bool) -> bool:
+    if text:  # every value of a text file is a string, parsed row by row
+        return True
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return what in ("string", "list")  # a typed file's column holds its type
+    if what == "number":
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+    if what == "integer":
+        return pa.types.is_integer(t)
+    if what == "string":
+        return pa.types.is_integer(t)
+    if what == "list":
+        return (pa.types.is_list(t) or pa.types.is_large_list(t)) and \
+            (pa.types.is_integer(t.value_type) or pa.types.is_string(t.value_type)
+             or pa.types.is_large_string(t.value_type))
+    return False
+
+
+def check_columns(files: Sequence[str], schema: FeatureSchema, delimiter: str) -> None:
+    """Every file holds every column the schema reads, of a type that can hold it; else a
+    ConfigError naming the column, the file and the type expected."""
+    expected = {"number": "a number (integer or float)", "integer": "integers (id_type: int)",
+                "string": "strings or integers (id_type: string)",
+                "list": "a list of integers or strings, or a delimited string (multi_hot)"}
+    for f in files:
+        if not os.path.exists(f):
+            raise ConfigError(f"data.files: {f!r} does not exist")
+        have = _file_schema(f, delimiter)
+        for col, who, what in _needed(schema):
+            if col not in have.names:
+                raise ConfigError(f"{f}: column {col!r} ({who}) is missing; expected "
+                                  f"{expected[what]}. The file's columns: {', '.join(have.names)}")
+            t = have.field(col).type
+            if not _holds(t, what, is_text(f)):
+                raise ConfigError(f"{f}: column {col!r} ({who}) has type {t}; expected "
+                                  f"{expected[what]}")
+
+
+def count_rows(path: str, delimiter: str) -> int:
+    if not is_text(path):
+        return pq.ParquetFile(path).metadata.num_rows
+    return sum(b.num_rows for b in _text_batches(path, delimiter, None, 1 << 24))
+
+
+def _text_batches(path: str, delimiter: str, columns: Sequence[str] | None,
+                  block_bytes: int) -> Iterator[pa.RecordBatch]:
+    names = _file_schema(path, delimiter).names
+    cols = list(columns) if columns is not None else names[:1]
+    with pcsv.open_csv(
+            path, read_options=pcsv.ReadOptions(block_size=block_bytes),
+            parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=False),
+            convert_options=pcsv.ConvertOptions(
+                column_types={c: pa.string() for c in cols}, include_columns=cols,
+                strings_can_be_null=False, quoted_strings_can_be_null=False)) as reader:
+        yield from reader
+
+
+def read_blocks(path: str, columns: Sequence[str], delimiter: str,
+                chunk_bytes: int) -> Iterator[pa.Table]:
+    """A file's rows, in order, in blocks holding ``columns`` (text: every value a string)."""
+    cols = list(dict.fromkeys(columns))
+    if is_text(path):
+        for b in _text_batches(path, delimiter, cols, chunk_bytes):
+            yield pa.Table.from_batches([b])
+        return
+    parts = partition_columns(path)
+    pf = pq.ParquetFile(path)
+    own = [c for c in cols if c in pf.schema_arrow.names]
+    for i in range(pf.metadata.num_row_groups):
+        t = pf.read_row_group(i, columns=own)
+        for k, v in parts.items():
+            if k in cols and k not in own:
+                t = t.append_column(k, pa.array([v] * t.num_rows, pa.string()))
+        yield t
+
+
+# --- parsing: a block's columns -> raw values, and the rows that cannot be used ----------------------
+@dataclass
+class Parsed:
+    """One block's values, before anything fitted is applied."""
+
+    n: int
+    label: np.ndarray  # int8
+    dense: list[tuple[np.ndarray, np.ndarray]]  # per dense feature: raw float64, present
+    keys: list[tuple[np.ndarray, np.ndarray]]  # per sparse input: lengths [n], flat int64 keys
+    bad: np.ndarray  # bool [n]
+    reasons: dict[int, str] = field(default_factory=dict)  # row in block -> first reason
+
+    def reject(self, rows: np.ndarray, reason: Callable[[int], str]) -> None:
+        for r in np.flatnonzero(rows):
+            if not self.bad[r]:
+                self.bad[r] = True
+                self.reasons[int(r)] = reason(int(r))
+
+
+def _strings(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return col if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) \
+        else pc.cast(col, pa.string())
+
+
+def _numbers(col, name: str, p: Parsed, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """A column -> (float64 values, present); a value that is not a number rejects its row."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        empty = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True)
+        ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER), False)
+        bad = ~np.asarray(pc.or_(empty, ok).to_numpy(zero_copy_only=False), dtype=bool)
+        vals = col.to_numpy(zero_copy_only=False)
+        p.reject(bad, lambda r: f"{what}: {name}={str(vals[r])[:40]!r} is not a number")
+        col = pc.if_else(ok, col, pa.scalar(None, col.type)).cast(pa.float64())
+    col = col.cast(pa.float64())
+    x = col.to_numpy(zero_copy_only=False)
+    present = ~np.isnan(x)
+    return np.where(present, x, 0.0), present
+
+
+def _keys(values: pa.Array, f: SparseFeature, where: np.ndarray, p: Parsed) -> np.ndarray:
+    """Raw ids (int or string values) -> int64 keys; a value not of ``id_type`` rejects its row
+    (``where[i]``: the block row of value ``i``)."""
+    if f.id_type == "int" and pa.types.is_integer(values.type):
+        return values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    s = _strings(values)
+    if f.id_type == "string":
+        return stable_hash(s)
+    pattern = _INTEGER if f.id_type == "int" else _HEX
+    ok = np.asarray(pc.fill_null(pc.match_substring_regex(s, pattern), False)
+                    .to_numpy(zero_copy_only=False), dtype=bool)
+    if not ok.all():
+        text = s.to_numpy(zero_copy_only=False)
+        bad_rows = np.zeros(p.n, bool)
+        bad_rows[where[~ok]] = True
+        first = {}
+        for i in np.flatnonzero(~ok):
+            first.setdefault(int(where[i]), str(text[i])[:40])
+        p.reject(bad_rows, lambda r: f"bad id: {f.name}={first[r]!r} is not "
+                 f"{'an integer' if f.id_type == 'int' else 'hexadecimal'}")
+    good = pc.if_else(pa.array(ok), s, pa.scalar("0", s.type))
+    if f.id_type == "int":
+        return pc.cast(pc.utf8_trim_whitespace(good), pa.int64()).to_numpy(zero_copy_only=False)
+    return np.array([int(v, 16) for v in good.to_pylist()], dtype=np.int64)
+
+
+def _bags(col, f: SparseFeature, max_bag: int, p: Parsed) -> tuple[np.ndarray, np.ndarray]:
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if f.kind == "categorical":
+        present = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            present &= ~np.asarray(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True)
+                                   .to_numpy(zero_copy_only=False), dtype=bool)
+        rows = np.flatnonzero(present)
+        keys = _keys(col.filter(pa.array(present)), f, rows, p) if len(rows) else \
+            np.zeros(0, np.int64)
+        return present.astype(np.int64), keys
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = pc.if_else(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True),
+                         pa.scalar(None, col.type), col)
+        col = pc.split_pattern(col, f.delimiter)
+    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    lengths = lengths.astype(np.int64)
+    flat = pc.list_flatten(col)
+    row_of = np.repeat(np.arange(p.n), lengths)
+    nulls = ~np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if nulls.any():
+        bad = np.zeros(p.n, bool)
+        bad[row_of[nulls]] = True
+        p.reject(bad, lambda r: f"null in list: {f.name} holds a null id")
+    limit = f.max_len or max_bag
+    keep = np.ones(len(row_of), bool)
+    if (lengths > limit).any():
+        if f.truncate == "reject":
+            p.reject(lengths > limit, lambda r: f"list too long: {f.name} holds {lengths[r]} ids, "
+                     f"more than max_len={limit} (truncate: reject)")
+        else:
+            pos = np.arange(len(row_of)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            from_end = np.repeat(lengths, lengths) - 1 - pos
+            keep = (pos if f.truncate == "keep_first" else from_end) < limit
+    keep &= ~nulls
+    keys = _keys(pc.filter(flat, pa.array(keep)), f, row_of[keep], p) if keep.any() else \
+        np.zeros(0, np.int64)
+    lengths = np.bincount(row_of[keep], minlength=p.n).astype(np.int64)
+    return lengths, keys
+
+
+def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int) -> Parsed:
+    n = t.num_rows
+    p = Parsed(n, np.zeros(n, np.int8), [], [], np.zeros(n, bool))
+    lab, lab_present = _numbers(t.column(schema.label), schema.label, p, "bad label")
+    ok = lab_present & ((lab == 0) | (lab == 1))
+    p.reject(~ok & ~p.bad, lambda r: f"bad label: {schema.label}="
+             f"{f'{lab[r]:g}' if lab_present[r] else 'missing'} is not 0 or 1")
+    p.label = np.where(ok, lab, 0).astype(np.int8)
+    for f in schema.dense:
+        p.dense.append(_numbers(t.column(f.source), f.name, p, "bad dense value"))
+    for f in schema.sparse:
+        lengths, keys = _bags(t.column(f.source), f, max_bag, p)
+        if f.ids == "index":
+            _check_range(lengths, keys, f, int(schema.table_of(f.table_name).rows), p)
+        p.keys.append((lengths, keys))
+    return p
+
+
+def _check_range(lengths: np.ndarray, keys: np.ndarray, f: SparseFeature, size: int,
+                 p: Parsed) -> None:
+    """``ids: index``: an id outside [0, size) rejects its row (before anything is fitted)."""
+    out = (keys < 0) | (keys >= size)
+    if not out.any():
+        return
+    row_of = np.repeat(np.arange(p.n), lengths)
+    bad = np.zeros(p.n, bool)
+    bad[row_of[out]] = True
+    first: dict[int, int] = {}
+    for i in np.flatnonzero(out):
+        first.setdefault(int(row_of[i]), int(keys[i]))
+    p.reject(bad, lambda r: f"id outside table: {f.name}={first[r]} is not in [0, {size}) "
+             f"(table {f.table_name})")
+
+
+def _split_keys(lengths: np.ndarray, keys: np.ndarray, keep: np.ndarray):
+    """The (lengths, keys) of the rows ``keep``."""
+    row_of = np.repeat(np.arange(len(lengths)), lengths)
+    return lengths[keep], keys[keep[row_of]]
+
+
+# --- fitting and writing --------------------------------------------------------------------------
+@dataclass
+class Fit:
+    """What the train split's rows fit: id counts (``ids: vocab``), sums for ``standardize``."""
+
+    counter: IdCounter
+    sums: dict[str, np.ndarray]  # name -> [n, sum, sum of squares]
+
+
+def _fit_block(p: Parsed, schema: FeatureSchema, keep: np.ndarray, fit: Fit) -> None:
+    vocab_feats = [j for j, f in enumerate(schema.sparse) if f.ids == "vocab"]
+    for k, j in enumerate(vocab_feats):
+        lengths, keys = _split_keys(*p.keys[j], keep)
+        u, c = np.unique(keys, return_counts=True)
+        fit.counter.merge(k, u, c)
+    for f, (x, present) in zip(schema.dense, p.dense):
+        if f.standardizes:
+            v = f.numeric(x[keep & present], until_standardize=True)
+            fit.sums[f.name] += [len(v), v.sum(), (v * v).sum()]
+
+
+def _stats(fit: Fit, schema: FeatureSchema) -> dict[str, dict[str, float]]:
+    out = {}
+    for f in schema.dense:
+        if f.standardizes:
+            n, s, ss = fit.sums[f.name]
+            if n == 0:
+                raise ConfigError(f"features.dense ({f.name}): standardize has no present value "
+                                  "in the train split to fit its mean and standard deviation on")
+            mean = s / n
+            std = float(np.sqrt(max(ss / n - mean * mean, 0.0)))
+            out[f.name] = {"mean": float(mean), "std": std if std > 0 else 1.0}
+    return out
+
+
+def output_schema(fitted: FittedSchema) -> pa.Schema:
+    bags = any(f.kind == "multi_hot" for f in fitted.schema.sparse_inputs)
+    fields = [pa.field("row", pa.int64(), nullable=False),
+              pa.field("label", pa.int8(), nullable=False)]
+    fields += [pa.field(n, pa.float32(), nullable=False) for n in fitted.dense_names]
+    fields += [pa.field(n, pa.list_(pa.int64()) if bags else pa.int64())
+               for n in fitted.sparse_names]
+    return pa.schema(fields)
+
+
+def encode(p: Parsed, fitted: FittedSchema, vocab, rows: np.ndarray, source: str,
+           line_of: Callable[[int], int], rejects: RejectLog,
+           text_of: Callable[[int], bytes]) -> tuple[pa.Table, np.ndarray]:
+    """Parsed rows -> the output table (rows that pass), and per sparse input the ids present.
+    ``rows``: the block's global row numbers."""
+    schema = fitted.schema
+    sizes = dict(zip(fitted.table_names, fitted.table_rows))
+    ids: list[tuple[np.ndarray, np.ndarray]] = []
+    vocab_pos = {f.name: k for k, f in enumerate(f for f in schema.sparse if f.ids == "vocab")}
+    for f, (lengths, keys) in zip(schema.sparse, p.keys):
+        size = sizes[f.table_name]
+        if f.ids == "vocab":
+            mapped = vocab.lookup(vocab_pos[f.name], keys)
+        elif f.ids == "index":  # checked by parse_block: every id is in [0, size)
+            mapped = keys
+        else:
+            mapped = keys % size
+        ids.append((lengths, mapped.astype(np.int64)))
+    for f, (x, present) in zip(schema.dense, p.dense):
+        if f.boundaries is not None:
+            lengths = present.astype(np.int64)
+            ids.append((lengths, f.bucket(x[present], fitted.stats.get(f.name))))
+    for r in np.flatnonzero(p.bad):
+        rejects.add(source, line_of(int(r)), p.reasons[int(r)], text_of(int(r)))
+    keep = ~p.bad
+    bags = any(f.kind == "multi_hot" for f in schema.sparse_inputs)
+    cols = [pa.array(rows[keep]), pa.array(p.label[keep])]
+    for f, (x, present) in zip(schema.dense, p.dense):
+        if f.boundaries is None:
+            cols.append(pa.array(f.apply(x, present, fitted.stats.get(f.name))[keep]))
+    present_ids = np.zeros(len(ids), np.int64)
+    for j, (lengths, mapped) in enumerate(ids):
+        lengths, mapped = _split_keys(lengths, mapped, keep)
+        present_ids[j] = len(mapped)
+        if bags:
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(mapped, pa.int64())))
+        else:
+            full = np.zeros(len(lengths), np.int64)
+            full[lengths > 0] = mapped
+            cols.append(pa.array(full, mask=lengths == 0))
+    return pa.Table.from_arrays(cols, schema=output_schema(fitted)), present_ids
+
+
+def _row_text(t: pa.Table, r: int) -> bytes:
+    return "\t".join(f"{c}={t.column(c)[r].as_py()!r}" for c in t.column_names).encode()
+
+
+def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
+                     cfg: PreprocessConfig, schema: FeatureSchema, delimiter: str = ",",
+                     progress: Callable[[int, int], None] | None = None) -> PreprocessReport:
+    """Read ``files`` (parquet, directories of it, or delimited text with a header; in time
+    order) through ``schema`` and write the parquet splits, the rejects and the manifest under
+    ``out_dir`` (see the module docstring). ``progress(rows_done, rows_total)``."""
+    files = source_files(files)
+    check_columns(files, schema, delimiter)
+    out = prepare_output(out_dir)
+    columns = [c for c, _, _ in _needed(schema)]
+    counts = [count_rows(f, delimiter) for f in files]
+    total = int(sum(counts))
+    bounds = split_bounds(total, cfg.splits)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    vocab_feats = [f for f in schema.sparse if f.ids == "vocab"]
+    fit = Fit(IdCounter(len(vocab_feats)), {f.name: np.zeros(3) for f in schema.dense
+                                            if f.standardizes})
+    if vocab_feats or fit.sums:  # the first pass: the train split's rows
+        for f, offset in zip(files, offsets):
+            if offset >= bounds[0]:
+                break
+            pos = int(offset)
+            for block in read_blocks(f, columns, delimiter, cfg.chunk_bytes):
+                p = parse_block(block, schema, cfg.max_bag_size)
+                rows = pos + np.arange(block.num_rows)
+                _fit_block(p, schema, ~p.bad & (rows < bounds[0]), fit)
+                pos += block.num_rows
+    vocab, vocab_path = None, None
+    if vocab_feats:
+        names = tuple(f.name for f in vocab_feats)
+        existing = load_vocabulary(cfg.vocab.path, names) if cfg.vocab.path else None
+        # each feature with its own threshold and cap (grown append-only from ``existing``)
+        per = [build_vocabulary(_one(fit.counter, k), VocabConfig(f.min_count, f.max_size),
+                                _one_vocab(existing, k), features=(f.name,))
+               for k, f in enumerate(vocab_feats)]
+        vocab = Vocabulary([v.ids[0] for v in per], [v.counts[0] for v in per], names)
+        vocab_path = vocab.save(out / VOCAB_NAME)
+    sizes = {}
+    vocab_sizes = dict(zip(vocab.features, vocab.table_sizes)) if vocab else {}
+    bucketized = {d.name: d.boundaries for d in schema.dense if d.boundaries is not None}
+    for f in schema.sparse_inputs:
+        t = schema.table_of(f.table_name)
+        if f.name in vocab_sizes:
+            n = vocab_sizes[f.name]
+        elif f.name in bucketized:
+            n = len(bucketized[f.name]) + 1
+        else:
+            n = t.rows or cfg.max_table_size
+        sizes.setdefault(f.table_name, n)
+    rows_by_table = [sizes[n] for n in dict.fromkeys(f.table_name for f in schema.sparse_inputs)]
+    fitted = FittedSchema.fit(schema, rows_by_table, _stats(fit, schema))
+    rejects_log = RejectLog(path=out / "rejects" / "part-00000.tsv", total_lines=total,
+                            max_fraction=cfg.max_reject_fraction)
+    writers = {s: SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size,
+                              cfg.compression, keep_empty=False, schema=output_schema(fitted))
+               for s in SPLITS}
+    present = np.zeros(len(fitted.sparse_names), np.int64)
+    written, done = 0, 0
+    try:
+        for f, offset in zip(files, offsets):
+            pos = int(offset)
+            header = 1 if is_text(f) else 0
+            for block in read_blocks(f, columns, delimiter, cfg.chunk_bytes):
+                p = parse_block(block, schema, cfg.max_bag_size)
+                rows = pos + np.arange(block.num_rows)
+                start = pos - int(offset)
+                table, ids = encode(p, fitted, vocab, rows, f,
+                                    lambda r, s=start + 1 + header: s + r, rejects_log,
+                                    lambda r, b=block: _row_text(b, r))
+                present += ids
+                written += table.num_rows
+                cut = np.searchsorted(table.column("row").to_numpy(), bounds, side="left")
+                lo = 0
+                for split, hi in zip(SPLITS, cut):
+                    writers[split].write(table.slice(lo, hi - lo))
+                    lo = hi
+                pos += block.num_rows
+                done += block.num_rows
+                if progress:
+                    progress(done, total)
+    except RejectedRowsError:
+        rejects_log.close()
+        raise
+    finally:
+        rejects_log.close()
+        for w in writers.values():
+            w.close()
+    files_out = {s: (str(w.path), w.rows, w.row_groups) for s, w in writers.items() if w.rows}
+    result = FileResult(0, files_out, written, rejects_log.count, dict(rejects_log.by_reason),
+                        present)
+    return finish_preprocess(out, files, cfg, total, [result],
+                             np.asarray(fitted.table_rows, np.int64), vocab_path, fitted=fitted,
+                             file_schema=output_schema(fitted))
+
+
+def _one(counter: IdCounter, k: int) -> IdCounter:
+    c = IdCounter(1)
+    c.ids[0], c.counts[0] = counter.ids[k], counter.counts[k]
+    return c
+
+
+def _one_vocab(existing, k: int):
+    if existing is None:
+        return None
+    return Vocabulary([existing.ids[k]], [existing.counts[k]], (existing.features[k],))

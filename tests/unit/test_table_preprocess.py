@@ -1,0 +1,300 @@
+"""A user's own table through the feature schema: each feature kind against a numpy (or plain
+Python) reference, the sources (parquet, a day-partitioned directory, delimited text), and each
+bad input ending in its message or its reject line, every input row accounted for."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recscale.config import ConfigError, parse
+from recscale.data.criteo import RejectedRowsError
+from recscale.data.loader import LoaderConfig, make_loader
+from recscale.data.processed import PreprocessConfig, load_manifest
+from recscale.data.schema import FittedSchema, parse_features, stable_hash
+from recscale.data.table_preprocess import preprocess_table
+
+
+def fnv1a(s: str) -> int:
+    """64-bit FNV-1a, the textbook loop (the reference for stable_hash)."""
+    h = 0xCBF29CE484222325
+    for b in s.encode():
+        h = ((h ^ b) * 0x100000001B3) & (2**64 - 1)
+    return h - 2**64 if h >= 2**63 else h
+
+
+def rows_of(manifest: dict) -> dict[int, dict]:
+    out = {}
+    for s in ("train", "validation", "test"):
+        for f in manifest["splits"][s]["files"]:
+            for r in pq.read_table(f).to_pylist():
+                out[r["row"]] = r
+    return out
+
+
+def read_rejects(manifest: dict) -> list[dict]:
+    with open(manifest["rejects_path"]) as fh:
+        return list(csv.DictReader(fh, delimiter="\t"))
+
+
+@pytest.fixture
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def cfg(out: Path, **kw) -> PreprocessConfig:
+    return PreprocessConfig(output_dir=str(out), max_table_size=1000, row_group_size=97, **kw)
+
+
+def test_stable_hash_is_fnv1a_of_the_utf8_bytes(rng):
+    words = ["", "a", "user-17", "ünïcödé", "x" * 70] + \
+        ["".join(rng.choice(list("abcdef0123"), rng.integers(0, 30))) for _ in range(200)]
+    assert stable_hash(words).tolist() == [fnv1a(w) for w in words]
+    assert stable_hash(pa.array(words[:3] + [None])).tolist()[:3] == [fnv1a(w) for w in words[:3]]
+
+
+def test_dense_transforms_and_bucketize_equal_numpy(tmp_path, rng):
+    n = 1000
+    price = rng.lognormal(2, 1.5, n)
+    price[rng.random(n) < 0.1] = np.nan  # missing
+    temp = rng.normal(0, 30, n)
+    pq.write_table(pa.table({"y": rng.integers(0, 2, n), "price": pa.array(price, from_pandas=True),
+                             "temp": temp, "item": rng.integers(0, 50, n)}), tmp_path / "a.parquet")
+    schema = parse_features({
+        "label": "y",
+        "dense": [{"name": "price", "missing": -1.0, "transforms": ["log1p", "standardize"]},
+                  {"name": "temp", "transforms": [{"clip": [-20, 40]}]},
+                  {"name": "price_bucket", "column": "price",
+                   "transforms": [{"clip": [0, 50]}, {"bucketize": [1.0, 5.0, 25.0]}]}],
+        "sparse": [{"name": "item", "ids": "hash"}]})
+    man = load_manifest(preprocess_table([tmp_path / "a.parquet"], tmp_path / "out",
+                                         cfg(tmp_path / "out"), schema).manifest_path)
+    got = rows_of(man)
+    assert len(got) == n and man["rows_rejected"] == 0
+    train = np.arange(n) < man["splits"]["train"]["rows"]
+    present = ~np.isnan(price)
+    lp = np.log1p(price[train & present])
+    mean, std = lp.mean(), lp.std()
+    fitted = FittedSchema.of(man)
+    assert fitted.stats["price"]["mean"] == pytest.approx(mean, rel=1e-12)
+    assert fitted.stats["price"]["std"] == pytest.approx(std, rel=1e-9)
+    want_price = np.where(present, (np.log1p(np.nan_to_num(price)) - mean) / std, -1.0)
+    want_bucket = np.digitize(np.clip(price, 0, 50), [1.0, 5.0, 25.0])
+    for r in range(n):
+        assert got[r]["price"] == pytest.approx(np.float32(want_price[r]), abs=1e-6)
+        assert got[r]["temp"] == np.float32(np.clip(temp[r], -20, 40))
+        assert got[r]["price_bucket"] == (int(want_bucket[r]) if present[r] else None)
+    assert man["dense_features"] == ["price", "temp"]
+    assert man["sparse_features"] == ["item", "price_bucket"]
+    assert man["table_sizes"] == [1000, 4]
+
+
+def test_ids_hash_vocab_and_index_equal_a_python_reference(tmp_path, rng):
+    n = 600
+    users = [f"user-{u}" for u in rng.zipf(1.5, n) % 200]
+    shop = rng.integers(0, 1 << 40, n)
+    slot = rng.integers(0, 12, n)
+    slot[[5, 77]] = [12, -1]  # outside the table of 12 rows
+    pq.write_table(pa.table({"label": rng.integers(0, 2, n).astype(np.int8), "user": users,
+                             "shop": shop, "slot": slot}), tmp_path / "a.parquet")
+    schema = parse_features({
+        "sparse": [{"name": "user", "id_type": "string", "ids": "vocab", "min_count": 3},
+                   {"name": "user_h", "column": "user", "id_type": "string", "ids": "hash"},
+                   {"name": "shop", "ids": "hash"},
+                   {"name": "slot", "ids": "index"}],
+        "tables": [{"name": "user_h", "rows": 97, "dim": 8}, {"name": "slot", "rows": 12}]})
+    man = load_manifest(preprocess_table([tmp_path / "a.parquet"], tmp_path / "out",
+                                         cfg(tmp_path / "out"), schema).manifest_path)
+    got = rows_of(man)
+    rejects = read_rejects(man)
+    assert [int(r["line"]) for r in rejects] == [6, 78]  # 1-based, as a text file's lines
+    assert rejects[0]["reason"] == "id outside table: slot=12 is not in [0, 12) (table slot)"
+    assert rejects[1]["reason"] == "id outside table: slot=-1 is not in [0, 12) (table slot)"
+    assert sorted(got) == [r for r in range(n) if r not in (5, 77)]
+    # the vocabulary: train rows that pass, ids seen >= 3 times, most frequent first, ties by id
+    train = [r for r in range(480) if r in got]  # the first 80% of the rows, less the rejects
+    counts = Counter(fnv1a(users[r]) for r in train)
+    kept = sorted((k for k, c in counts.items() if c >= 3), key=lambda k: (-counts[k], k))
+    row_of = {k: i + 1 for i, k in enumerate(kept)}
+    assert man["table_sizes"] == [len(kept) + 1, 97, 1000, 12]
+    for r, row in got.items():
+        assert row["user"] == row_of.get(fnv1a(users[r]), 0)
+        assert row["user_h"] == fnv1a(users[r]) % 97
+        assert row["shop"] == int(shop[r]) % 1000
+        assert row["slot"] == int(slot[r])
+    assert FittedSchema.of(man).table_dims(16) == (16, 8, 16, 16)
+
+
+def _bags_table(rng, n, lists):
+    return pa.table({"label": rng.integers(0, 2, n), "hist": pa.array(lists, pa.list_(pa.int64())),
+                     "item": rng.integers(0, 9, n)})
+
+
+@pytest.mark.parametrize("truncate", ["keep_first", "keep_last", "reject"])
+def test_multi_hot_lists_keep_their_end_or_are_rejected(tmp_path, rng, truncate):
+    n = 300
+    lists = [rng.integers(0, 10_000, rng.integers(0, 9)).tolist() for _ in range(n)]
+    lists[3] = None
+    lists[10] = [1, None, 2]
+    pq.write_table(_bags_table(rng, n, lists), tmp_path / "a.parquet")
+    schema = parse_features({"sparse": [{"name": "hist", "kind": "multi_hot", "max_len": 5,
+                                         "truncate": truncate}, {"name": "item"}],
+                             "tables": [{"name": "hist", "rows": 500}]})
+    man = load_manifest(preprocess_table([tmp_path / "a.parquet"], tmp_path / "out",
+                                         cfg(tmp_path / "out", max_reject_fraction=1.0),
+                                         schema).manifest_path)
+    got = rows_of(man)
+    reasons = {int(r["line"]) - 1: r["reason"] for r in read_rejects(man)}
+    assert reasons[10] == "null in list: hist holds a null id"
+    long = {r for r in range(n) if lists[r] is not None and r != 10 and len(lists[r]) > 5}
+    assert long, "the draw should hold lists longer than max_len"
+    if truncate == "reject":
+        for r in long:
+            assert reasons[r] == (f"list too long: hist holds {len(lists[r])} ids, more than "
+                                  "max_len=5 (truncate: reject)")
+    assert set(got) | set(reasons) == set(range(n)) and not set(got) & set(reasons)
+    for r, row in got.items():
+        want = lists[r] or []
+        if len(want) > 5:
+            want = want[:5] if truncate == "keep_first" else want[-5:]
+        assert row["hist"] == [v % 500 for v in want]
+        assert row["item"] == [int(pq.read_table(tmp_path / "a.parquet")["item"][r].as_py())]
+    sizes = [len(got[r]["hist"]) for r in sorted(got)]
+    assert man["pooling_factors"][0] == pytest.approx(np.mean(sizes), abs=1e-6)
+
+
+def test_delimited_text_with_a_header_day_partitions_and_reject_lines(tmp_path):
+    lines = {"2026-01-01": [["1", "u1", "3.5", "4|5|6"], ["0", "u2", "", ""],
+                            ["1", "u3", "1e2", "7"]],
+             "2026-01-02": [["0", "u1", "abc", "1"], ["x", "u2", "1", "2"],
+                            ["1", "u4", "2", "8|x"], ["0", "", "0.5", "9||9"],
+                            ["1", "u5", "-7", "3"]]}
+    text = tmp_path / "log.csv"
+    with open(text, "w", newline="") as fh:
+        w = csv.writer(fh, delimiter=";")
+        w.writerow(["click", "user", "amount", "tags", "day"])
+        for d, rows in lines.items():
+            for r in rows:
+                w.writerow(r + [d])
+    # the rows that pass, typed, in a directory partitioned by day
+    good = {"2026-01-01": lines["2026-01-01"], "2026-01-02": [lines["2026-01-02"][-1]]}
+    for d, rows in good.items():
+        (tmp_path / f"day={d}").mkdir()
+        pq.write_table(pa.table({
+            "click": [int(r[0]) for r in rows], "user": [r[1] for r in rows],
+            "amount": pa.array([float(r[2]) if r[2] else None for r in rows], pa.float64()),
+            "tags": pa.array([[int(t) for t in r[3].split("|")] if r[3] else [] for r in rows],
+                             pa.list_(pa.int64()))}), tmp_path / f"day={d}" / "part.parquet")
+    schema = parse_features({"label": "click",
+                             "dense": [{"name": "amount", "transforms": []}],
+                             "sparse": [{"name": "user", "id_type": "string"},
+                                        {"name": "day", "id_type": "string"},
+                                        {"name": "tags", "kind": "multi_hot", "max_len": 4}],
+                             "tables": [{"name": "user", "rows": 50},
+                                        {"name": "day", "rows": 7}, {"name": "tags", "rows": 20}]})
+    out = tmp_path / "out_csv"
+    rep = preprocess_table([text], out, cfg(out, max_reject_fraction=0.5), schema, delimiter=";")
+    man = load_manifest(rep.manifest_path)
+    rejects = read_rejects(man)
+    assert [(int(r["line"]), r["reason"]) for r in rejects] == [
+        (5, "bad dense value: amount='abc' is not a number"),  # the header is line 1
+        (6, "bad label: click='x' is not a number"),
+        (7, "bad id: tags='x' is not an integer"),
+        (8, "bad id: tags='' is not an integer")]
+    assert rep.lines_read == 8 and rep.rows_written == 4 and rep.rows_rejected == 4
+    got = rows_of(man)
+    assert sorted(got) == [0, 1, 2, 7]
+    assert got[0]["tags"] == [4, 5, 6] and got[1]["tags"] == [] and got[2]["tags"] == [7]
+    assert got[1]["amount"] == 0.0 and got[2]["amount"] == 100.0 and got[7]["amount"] == -7.0
+    assert got[0]["user"] == [fnv1a("u1") % 50]
+    assert got[0]["day"] == [fnv1a("2026-01-01") % 7]
+    assert got[7]["day"] == [fnv1a("2026-01-02") % 7]
+    out = tmp_path / "out_dir"
+    rep = preprocess_table([tmp_path / "day=2026-01-01", tmp_path / "day=2026-01-02"], out,
+                           cfg(out), schema)
+    from_dir = rows_of(load_manifest(rep.manifest_path))
+    assert [{**r, "row": None} for _, r in sorted(from_dir.items())] == \
+        [{**r, "row": None} for _, r in sorted(got.items())]
+
+
+def test_a_missing_or_mistyped_column_fails_before_any_work_naming_it(tmp_path, rng):
+    pq.write_table(pa.table({"label": [0, 1], "price": [1.0, 2.0], "item": [1, 2]}),
+                   tmp_path / "a.parquet")
+    out = tmp_path / "out"
+    base = {"dense": [{"name": "price"}], "sparse": [{"name": "item"}]}
+    with pytest.raises(ConfigError) as e:
+        preprocess_table([tmp_path / "a.parquet"], out, cfg(out),
+                         parse_features({**base, "sparse": [{"name": "shop"}]}))
+    assert str(e.value).startswith(f"{tmp_path / 'a.parquet'}: column 'shop' "
+                                   "(features.sparse[0] (shop)) is missing")
+    pq.write_table(pa.table({"label": [0, 1], "price": [1.0, 2.0], "item": ["a", "b"]}),
+                   tmp_path / "b.parquet")
+    with pytest.raises(ConfigError, match=r"b.parquet: column 'item' \(features.sparse\[0\] "
+                       r"\(item\)\) has type string; expected integers \(id_type: int\)"):
+        preprocess_table([tmp_path / "b.parquet"], out, cfg(out), parse_features(base))
+    assert not (out / "_manifest.json").exists()
+
+
+def test_the_reject_threshold_stops_the_run_naming_the_rejects_file(tmp_path, rng):
+    n = 100
+    pq.write_table(pa.table({"label": [2] * 5 + [1] * (n - 5), "item": rng.integers(0, 9, n)}),
+                   tmp_path / "a.parquet")
+    out = tmp_path / "out"
+    with pytest.raises(RejectedRowsError, match="rejected .more than max_reject_fraction=0.02"):
+        preprocess_table([tmp_path / "a.parquet"], out, cfg(out, max_reject_fraction=0.02),
+                         parse_features({"sparse": [{"name": "item"}]}))
+
+
+def test_the_loader_reads_the_schema_s_features_and_one_step_trains(tmp_path, rng):
+    from recscale.model.dlrm import ModelConfig
+    from recscale.runconfig import TrainConfig
+    from recscale.train.entry import train_dlrm
+
+    n = 700
+    pq.write_table(pa.table({
+        "label": rng.integers(0, 2, n), "price": rng.random(n) * 10,
+        "user": [f"u{i}" for i in rng.integers(0, 40, n)],
+        "hist": pa.array([rng.integers(0, 99, rng.integers(0, 6)).tolist() for _ in range(n)],
+                         pa.list_(pa.int64()))}), tmp_path / "a.parquet")
+    schema = parse_features({"dense": [{"name": "price"}],
+                             "sparse": [{"name": "user", "id_type": "string", "ids": "vocab"},
+                                        {"name": "hist", "kind": "multi_hot"}],
+                             "tables": [{"name": "hist", "rows": 64, "dim": 4}]})
+    man = load_manifest(preprocess_table([tmp_path / "a.parquet"], tmp_path / "out",
+                                         cfg(tmp_path / "out"), schema).manifest_path)
+    loader = make_loader(man["splits"]["train"]["files"],
+                         parse(LoaderConfig, {"batch_size": 128}, "loader"))
+    batch = next(iter(loader))
+    assert batch.sparse.keys == ("user", "hist") and batch.dense.shape == (128, 1)
+    assert int(batch.sparse.values.max()) < 64
+    model_cfg = parse(ModelConfig, {"embedding_dim": 8, "bottom_mlp": [8], "top_mlp": [8, 1],
+                                    "interaction": "cat"}, "model")
+    train_cfg = parse(TrainConfig, {"batch_size_per_rank": 128, "max_steps": 2,
+                                    "progress": "off"}, "train")
+    out = train_dlrm(man, model_cfg, train_cfg)
+    assert out.result.steps == 2 and np.isfinite(out.result.final_loss)
+    assert out.table_sizes == tuple(man["table_sizes"]) and man["table_sizes"][1] == 64
+    pooled = out.model.embeddings.lookup(batch.sparse)
+    assert pooled.shape == (128, 8 + 4)
+
+
+def test_a_schema_of_your_own_reads_the_table_source_and_only_it():
+    from recscale.runconfig import DLRMConfig
+
+    own = {"sparse": [{"name": "item"}]}
+    with pytest.raises(ConfigError, match="features=a schema is not allowed with "
+                       "data.source='criteo_tsv'"):
+        parse(DLRMConfig, {"features": own, "data": {"source": "criteo_tsv", "files": ["a"]}}, "")
+    with pytest.raises(ConfigError, match="features='criteo' is not allowed with "
+                       "data.source='table'"):
+        parse(DLRMConfig, {"data": {"source": "table", "files": ["x.csv"]}}, "")
+    cfg = parse(DLRMConfig, {"data": {"source": "table", "files": ["x.csv"]}, "features": own}, "")
+    assert cfg.schema.sparse[0].name == "item"
+    with pytest.raises(ConfigError, match=r"features.tables\[0\].dim=6"):
+        parse(DLRMConfig, {"features": {**own, "tables": [{"name": "item", "dim": 6}]}}, "")
