@@ -172,7 +172,7 @@ def test_bad_parameters_fail_in_the_node_before_any_training(monkeypatch):
     called = []
     monkeypatch.setattr(nodes, "train_dlrm", lambda *a, **k: called.append(a))
     with pytest.raises(ConfigError, match=r"train\.batch_size_per_rank=0"):
-        common.parse_dlrm_config({}, {}, {}, {}, {}, {"batch_size_per_rank": 0}, {})
+        common.parse_dlrm_config({}, "criteo", {}, {}, {}, {}, {"batch_size_per_rank": 0}, {})
     assert not called
 
 

@@ -143,7 +143,7 @@ def test_synthetic_day_node_writes_the_next_day(tmp_path, seed):
         _days(landing, [f"{start:02d}"])
     data = {"synthetic": {"num_rows": 1500, "seed": 1, "cardinality_scale": 0.0005,
                           "keep_cardinality_below": 200}}
-    cfg = parse_retrain_config(data, {}, {}, {}, {}, {}, {}, {"landing_dir": str(landing)})
+    cfg = parse_retrain_config(data, "criteo", {}, {}, {}, {}, {}, {}, {"landing_dir": str(landing)})
     rep = write_synthetic_day(cfg)
     assert rep["path"] == str(landing / f"day_{start + 1:02d}.tsv") and rep["num_rows"] == 1500
 

@@ -16,7 +16,7 @@ def test_table_specs_come_from_the_data(parquet_dataset):
 
 
 def test_plan_node_plans_for_the_training_world_size(parquet_dataset):
-    cfg = parse_dlrm_config({}, {}, {"topology": "cpu-local"}, {}, {"embedding_dim": 16},
+    cfg = parse_dlrm_config({}, "criteo", {}, {"topology": "cpu-local"}, {}, {"embedding_dim": 16},
                             {"launch": {"world_size": 2}, "batch_size_per_rank": 256,
                              "embedding_optimizer": {"name": "exact_sgd"}}, {})
     plan, report, image, metrics = plan_tables(parquet_dataset, cfg)
@@ -35,5 +35,5 @@ def test_plan_node_plans_for_the_training_world_size(parquet_dataset):
     assert metrics["max_over_mean"]["value"] == pytest.approx(max(costs) * 2 / sum(costs),
                                                                rel=1e-12)
     with pytest.raises(ConfigError, match="unknown key sharding.topolgy"):
-        parse_dlrm_config({}, {}, {"topolgy": "zionex"}, {}, {"embedding_dim": 16},
+        parse_dlrm_config({}, "criteo", {}, {"topolgy": "zionex"}, {}, {"embedding_dim": 16},
                           {"batch_size_per_rank": 256}, {})

@@ -9,7 +9,7 @@ from kedro.pipeline import Node
 from recscale.config import parse
 from recscale.runconfig import DLRMConfig
 
-DLRM_BLOCKS = ("data", "preprocess", "sharding", "comms", "model", "train", "evaluate")
+DLRM_BLOCKS = ("data", "features", "preprocess", "sharding", "comms", "model", "train", "evaluate")
 
 
 def as_metrics(values: dict[str, float], step: int = 0) -> dict[str, dict]:
@@ -19,12 +19,10 @@ def as_metrics(values: dict[str, float], step: int = 0) -> dict[str, dict]:
             if v is not None and math.isfinite(float(v))}
 
 
-def parse_dlrm_config(data: dict, preprocess: dict, sharding: dict, comms: dict, model: dict,
-                      train: dict, evaluate: dict) -> DLRMConfig:
-    """Every block of parameters_dlrm.yml into one typed config, once per run; a bad key or
-    value fails here, before any work, naming the full key."""
-    return parse(DLRMConfig, dict(zip(DLRM_BLOCKS, (data, preprocess, sharding, comms, model,
-                                                     train, evaluate))), "")
+def parse_dlrm_config(*blocks: dict) -> DLRMConfig:
+    """Every block of parameters_dlrm.yml (``DLRM_BLOCKS``, in order) into one typed config, once
+    per run; a bad key or value fails here, before any work, naming the full key."""
+    return parse(DLRMConfig, dict(zip(DLRM_BLOCKS, blocks, strict=True)), "")
 
 
 def dlrm_config_node() -> Node:

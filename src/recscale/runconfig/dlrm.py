@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from recscale.comm import CommsConfig
-from recscale.config import Validated, check, check_choice
+from recscale.config import ConfigError, Validated, check, check_choice
 from recscale.data.preprocess import PreprocessConfig
+from recscale.data.schema import FeatureSchema, parse_features
 from recscale.data.source import DataConfig
 from recscale.distributed import LaunchConfig
 from recscale.embedding.tbe import EmbeddingOptimizerConfig
@@ -213,6 +214,8 @@ class DLRMConfig(Validated):
     """Every block of parameters_dlrm.yml, parsed once: ``parse(DLRMConfig, params, "")``."""
 
     data: DataConfig = field(default_factory=DataConfig)
+    # the feature schema (recscale.data.schema, docs/features.md): a preset's name or the schema
+    features: FeatureSchema | Literal["criteo"] = "criteo"
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     comms: CommsConfig = field(default_factory=CommsConfig)
@@ -220,6 +223,23 @@ class DLRMConfig(Validated):
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
 
+    @property
+    def schema(self) -> FeatureSchema:
+        """The ``features`` block as a schema (a preset's name resolved)."""
+        return parse_features(self.features)
+
     def validate(self, prefix: str = "") -> None:
         dot = f"{prefix}." if prefix else ""
+        custom = not isinstance(self.features, str)
+        allowed = ("table", "synthetic") if custom else ("synthetic", "criteo_tsv", "parquet")
+        if self.data.source not in allowed:
+            raise ConfigError(
+                f"{dot}features={'a schema' if custom else repr(self.features)} is not allowed "
+                f"with {dot}data.source={self.data.source!r}: a schema of your own reads "
+                "data.source 'table' (parquet or delimited text) or draws 'synthetic' rows for "
+                "itself, and 'table' needs one; the Criteo sources (criteo_tsv, parquet) take "
+                "features: criteo")
+        if custom and self.preprocess.engine != "pyarrow":
+            raise ConfigError(f"{dot}preprocess.engine={self.preprocess.engine!r} is not allowed "
+                              f"with a schema of your own yet: use 'pyarrow'")
         self.train.dense_optimizer.check_model(self.model, f"{dot}train.dense_optimizer")

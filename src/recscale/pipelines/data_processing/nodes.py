@@ -7,6 +7,7 @@ import json
 from recscale.data.multihot import preprocess_multihot
 from recscale.data.preprocess import preprocess_criteo
 from recscale.data.source import prepare_raw
+from recscale.data.table_preprocess import preprocess_table
 from recscale.data.vocab import vocabulary_table
 from recscale.pipelines.common import as_metrics
 from recscale.progress import Progress
@@ -14,18 +15,26 @@ from recscale.runconfig import DLRMConfig
 
 
 def generate_or_locate_raw(cfg: DLRMConfig) -> dict:
-    total = cfg.data.synthetic.num_rows if cfg.data.source == "synthetic" else None
+    own = None if isinstance(cfg.features, str) else cfg.schema
+    total = None if cfg.data.source != "synthetic" else \
+        cfg.data.generator.num_rows if own else cfg.data.synthetic.num_rows
     with Progress(total, "generating synthetic rows", unit="row") as bar:
-        return prepare_raw(cfg.data, progress=bar.update)
+        return prepare_raw(cfg.data, progress=bar.update, schema=own)
 
 
 def preprocess(raw_manifest: dict, cfg: DLRMConfig):
-    """-> the dataset manifest, row metrics, and the vocabulary (``ids: vocab``; empty with
-    ``ids: hash``) as a DataFrame the catalog logs to MLflow."""
-    with Progress(None, "preprocessing lines", unit="line") as bar:
-        run = preprocess_multihot if raw_manifest.get("multi_hot") else preprocess_criteo
-        report = run(raw_manifest["files"], cfg.preprocess.output_dir, cfg.preprocess,
-                     table_size_hint=raw_manifest.get("cardinalities"), progress=bar.update)
+    """-> the dataset manifest, row metrics, the vocabulary (``ids: vocab``; empty with
+    ``ids: hash``) as a DataFrame and the fitted schema, which the catalog logs to MLflow."""
+    if raw_manifest.get("table"):
+        with Progress(None, "preprocessing rows", unit="row") as bar:
+            report = preprocess_table(raw_manifest["files"], cfg.preprocess.output_dir,
+                                      cfg.preprocess, cfg.schema, raw_manifest["delimiter"],
+                                      progress=bar.update)
+    else:
+        with Progress(None, "preprocessing lines", unit="line") as bar:
+            run = preprocess_multihot if raw_manifest.get("multi_hot") else preprocess_criteo
+            report = run(raw_manifest["files"], cfg.preprocess.output_dir, cfg.preprocess,
+                         table_size_hint=raw_manifest.get("cardinalities"), progress=bar.update)
     with open(report.manifest_path) as fh:
         manifest = {"manifest_path": report.manifest_path, **json.load(fh)}
     metrics = {"lines_read": report.lines_read, "rows_written": report.rows_written,
@@ -34,4 +43,4 @@ def preprocess(raw_manifest: dict, cfg: DLRMConfig):
     if "oracle_auc" in raw_manifest:
         metrics["oracle_auc_all_rows"] = raw_manifest["oracle_auc"]
     vocabulary = vocabulary_table(manifest.get("vocabulary_path")).to_pandas()
-    return manifest, as_metrics(metrics), vocabulary
+    return manifest, as_metrics(metrics), vocabulary, manifest["schema"]

@@ -10,6 +10,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             dlrm_config_node(),
             Node(generate_or_locate_raw, "dlrm_config", "raw_manifest", name="raw_data"),
             Node(preprocess, ["raw_manifest", "dlrm_config"],
-                 ["dataset_manifest", "preprocess_metrics", "vocabulary"], name="preprocess"),
+                 ["dataset_manifest", "preprocess_metrics", "vocabulary", "fitted_schema"],
+                 name="preprocess"),
         ]
     )

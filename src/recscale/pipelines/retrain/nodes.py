@@ -43,7 +43,7 @@ def _skipped(x) -> bool:
 
 def parse_retrain_config(*blocks: dict) -> DLRMRetrainConfig:
     """Every block (the DLRM ones and ``retrain``) into one typed config, once per run."""
-    return parse(DLRMRetrainConfig, dict(zip(RETRAIN_BLOCKS, blocks)), "")
+    return parse(DLRMRetrainConfig, dict(zip(RETRAIN_BLOCKS, blocks, strict=True)), "")
 
 
 def find_new_partitions(cfg: DLRMRetrainConfig) -> dict:
