@@ -57,7 +57,10 @@ def run_in_process(pipeline: str, env: str = "test", params: dict | None = None,
 
     loader = OmegaConfigLoader(str(conf), base_env="base", default_run_env=env,
                                merge_strategy={"parameters": "soft"}, runtime_params=params)
+    from recscale.datasets import NoTable
+
     catalog = DataCatalog({**{f"params:{k}": MemoryDataset(v)
                               for k, v in loader["parameters"].items()},
+                           "raw_table": NoTable(),  # as conf/base/catalog.yml has it
                            **{k: MemoryDataset(v) for k, v in (inputs or {}).items()}})
     return SequentialRunner().run(register_pipelines()[pipeline], catalog)

@@ -22,11 +22,12 @@ from recscale.data.synthetic_table import TableSynthConfig, generate_table
 class DataConfig(Validated):
     """The ``data`` block: where a run's raw rows come from."""
 
-    source: Literal["synthetic", "criteo_tsv", "parquet", "table"] = "synthetic"
+    source: Literal["synthetic", "criteo_tsv", "parquet", "table", "dataset"] = "synthetic"
     # synthetic: where the generated TSV goes
     raw_dir: str = "data/01_raw/synthetic"
     # criteo_tsv / parquet: input files in time order (globs allowed, expanded in sorted order)
     files: tuple[str, ...] = ()
+    # dataset: the catalog's raw_table (any Kedro dataset of rows) is written here as parquet
     # table: the separator of text files (.csv, .tsv, .txt; their first line is the header)
     delimiter: str = ","
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
@@ -35,7 +36,7 @@ class DataConfig(Validated):
 
     def validate(self, prefix: str = "data") -> None:
         check_choice(f"{prefix}.source", self.source,
-                     ("synthetic", "criteo_tsv", "parquet", "table"))
+                     ("synthetic", "criteo_tsv", "parquet", "table", "dataset"))
         if self.source == "table" and not self.files:
             raise ConfigError(f"{prefix}.files is empty: source 'table' needs at least one parquet "
                               "or delimited text file, directory or glob, read through the "

@@ -45,6 +45,7 @@ from recscale.data.processed import (
     PreprocessReport,
     SplitWriter,
     finish_preprocess,
+    merge_rejects,
     prepare_output,
     split_bounds,
 )
@@ -128,8 +129,8 @@ def _holds(t: pa.DataType, what: str, text: bool) -> bool:
         return what in ("string", "list")  # a typed file's column holds its type
     if what == "number":
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-    if what == "integer":
-        return pa.types.is_integer(t)
+    if what == "integer":  # floats too: a database's integer column with nulls reads as float
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
     if what == "string":
         return pa.types.is_integer(t)
     if what == "list":
@@ -197,6 +198,42 @@ def read_blocks(path: str, columns: Sequence[str], delimiter: str,
         yield t
 
 
+def write_rows(rows, path: str | os.PathLike, progress: Callable[[int], None] | None = None) -> int:
+    """Rows a catalog dataset loaded (a pandas DataFrame, a pyarrow Table, or an iterable of
+    either: chunks) -> one parquet file at ``path``, streaming; -> the number of rows. Every
+    chunk is cast to the first chunk's columns and types (an error names the chunk and the
+    column that cannot be)."""
+    chunks = [rows] if isinstance(rows, pa.Table) or hasattr(rows, "to_parquet") else rows
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer, n = None, 0
+    try:
+        for i, chunk in enumerate(chunks):
+            t = chunk if isinstance(chunk, pa.Table) else pa.Table.from_pandas(
+                chunk, preserve_index=False)
+            if writer is None:
+                writer = pq.ParquetWriter(path, t.schema, compression="zstd")
+            elif t.schema != writer.schema:
+                if t.column_names != writer.schema.names:
+                    raise ValueError(f"raw_table: chunk {i} has columns {t.column_names}, the "
+                                     f"first chunk {writer.schema.names}")
+                try:
+                    t = t.cast(writer.schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise ValueError(f"raw_table: chunk {i} does not fit the first chunk's "
+                                     f"types ({exc})") from None
+            writer.write_table(t)
+            n += t.num_rows
+            if progress:
+                progress(t.num_rows)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ValueError("raw_table loaded no rows")
+    return n
+
+
 # --- parsing: a block's columns -> raw values, and the rows that cannot be used ----------------------
 @dataclass
 class Parsed:
@@ -243,6 +280,17 @@ def _keys(values: pa.Array, f: SparseFeature, where: np.ndarray, p: Parsed) -> n
     (``where[i]``: the block row of value ``i``)."""
     if f.id_type == "int" and pa.types.is_integer(values.type):
         return values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if f.id_type == "int" and pa.types.is_floating(values.type):
+        x = values.to_numpy(zero_copy_only=False).astype(np.float64)
+        whole = np.isfinite(x) & (x == np.round(x)) & (np.abs(x) < 2.0**63)
+        if not whole.all():
+            bad_rows = np.zeros(p.n, bool)
+            bad_rows[where[~whole]] = True
+            first: dict[int, float] = {}
+            for i in np.flatnonzero(~whole):
+                first.setdefault(int(where[i]), float(x[i]))
+            p.reject(bad_rows, lambda r: f"bad id: {f.name}={first[r]!r} is not an integer")
+        return np.where(whole, x, 0).astype(np.int64)
     s = _strings(values)
     if f.id_type == "string":
         return stable_hash(s)
@@ -518,9 +566,11 @@ def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathL
                 done += block.num_rows
                 if progress:
                     progress(done, total)
-    except RejectedRowsError:
+    except RejectedRowsError as exc:
         rejects_log.close()
-        raise
+        merge_rejects(out, out / "rejects.tsv")
+        raise RejectedRowsError(f"{exc} All rejected rows so far: {out / 'rejects.tsv'}") \
+            from None
     finally:
         rejects_log.close()
         for w in writers.values():

@@ -1,5 +1,6 @@
 """Kedro datasets of the project (Kedro side only; the library never imports these)."""
 
+from recscale.datasets.no_table import NoTable
 from recscale.datasets.torch_state import TorchStateDictDataset
 
-__all__ = ["TorchStateDictDataset"]
+__all__ = ["NoTable", "TorchStateDictDataset"]

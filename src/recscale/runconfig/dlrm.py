@@ -231,14 +231,15 @@ class DLRMConfig(Validated):
     def validate(self, prefix: str = "") -> None:
         dot = f"{prefix}." if prefix else ""
         custom = not isinstance(self.features, str)
-        allowed = ("table", "synthetic") if custom else ("synthetic", "criteo_tsv", "parquet")
+        allowed = ("table", "dataset", "synthetic") if custom else \
+            ("synthetic", "criteo_tsv", "parquet")
         if self.data.source not in allowed:
             raise ConfigError(
                 f"{dot}features={'a schema' if custom else repr(self.features)} is not allowed "
                 f"with {dot}data.source={self.data.source!r}: a schema of your own reads "
-                "data.source 'table' (parquet or delimited text) or draws 'synthetic' rows for "
-                "itself, and 'table' needs one; the Criteo sources (criteo_tsv, parquet) take "
-                "features: criteo")
+                "data.source 'table' (parquet or delimited text) or 'dataset' (the catalog's "
+                "raw_table), or draws 'synthetic' rows for itself, and 'table' and 'dataset' "
+                "need one; the Criteo sources (criteo_tsv, parquet) take features: criteo")
         if custom and self.preprocess.engine != "pyarrow":
             raise ConfigError(f"{dot}preprocess.engine={self.preprocess.engine!r} is not allowed "
                               f"with a schema of your own yet: use 'pyarrow'")

@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 
+from recscale.config import ConfigError
 from recscale.data.multihot import preprocess_multihot
 from recscale.data.preprocess import preprocess_criteo
 from recscale.data.source import prepare_raw
-from recscale.data.table_preprocess import preprocess_table
+from recscale.data.table_preprocess import preprocess_table, write_rows
 from recscale.data.vocab import vocabulary_table
 from recscale.pipelines.common import as_metrics
 from recscale.progress import Progress
 from recscale.runconfig import DLRMConfig
 
+log = logging.getLogger(__name__)
 
-def generate_or_locate_raw(cfg: DLRMConfig) -> dict:
+
+def generate_or_locate_raw(cfg: DLRMConfig, raw_table=None) -> dict:
+    """-> the raw manifest: the rows generated, found in ``data.files``, or (``data.source:
+    dataset``) loaded from the catalog's ``raw_table`` and written to parquet in
+    ``data.raw_dir``."""
+    if cfg.data.source == "dataset":
+        if raw_table is None:
+            raise ConfigError("data.source='dataset' reads the catalog entry raw_table, which "
+                              "loads nothing here: set raw_table in conf/<env>/catalog.yml to "
+                              "the dataset of your rows (e.g. pandas.SQLTableDataset)")
+        path = Path(cfg.data.raw_dir) / "raw_table.parquet"
+        with Progress(None, "reading raw_table", unit="row") as bar:
+            rows = write_rows(raw_table, path, progress=bar.update)
+        log.info("raw_table: %d rows -> %s", rows, path)
+        return {"source": "dataset", "table": True, "files": [str(path)], "delimiter": ",",
+                "rows": rows}
     own = None if isinstance(cfg.features, str) else cfg.schema
     total = None if cfg.data.source != "synthetic" else \
         cfg.data.generator.num_rows if own else cfg.data.synthetic.num_rows

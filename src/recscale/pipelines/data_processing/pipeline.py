@@ -8,7 +8,8 @@ def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline(
         [
             dlrm_config_node(),
-            Node(generate_or_locate_raw, "dlrm_config", "raw_manifest", name="raw_data"),
+            Node(generate_or_locate_raw, ["dlrm_config", "raw_table"], "raw_manifest",
+                 name="raw_data"),
             Node(preprocess, ["raw_manifest", "dlrm_config"],
                  ["dataset_manifest", "preprocess_metrics", "vocabulary", "fitted_schema"],
                  name="preprocess"),
