@@ -298,3 +298,23 @@ def test_a_schema_of_your_own_reads_the_table_source_and_only_it():
     assert cfg.schema.sparse[0].name == "item"
     with pytest.raises(ConfigError, match=r"features.tables\[0\].dim=6"):
         parse(DLRMConfig, {"features": {**own, "tables": [{"name": "item", "dim": 6}]}}, "")
+
+
+@pytest.mark.parametrize("bags", [False, True])
+def test_the_loader_refuses_an_id_outside_its_table_naming_row_and_feature(tmp_path, rng, bags):
+    from recscale.data.loader import IdOutOfRange
+
+    n = 300
+    items = rng.integers(0, 50, n)
+    items[123] = 50  # one past the table of 50 rows
+    col = pa.array([[int(v)] for v in items], pa.list_(pa.int64())) if bags else pa.array(items)
+    users = pa.array([[1, 2]] * n, pa.list_(pa.int64())) if bags else pa.array([1] * n)
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"row": np.arange(n) + 1000, "label": np.zeros(n, np.int8),
+                             "user": users, "item": col}), path, row_group_size=100)
+    ok = make_loader([path], LoaderConfig(batch_size=64, table_rows=(10, 51)))
+    assert sum(b.batch_size for b in ok) == n
+    bad = make_loader([path], LoaderConfig(batch_size=64, table_rows=(10, 50)))
+    with pytest.raises(IdOutOfRange, match=r"row 1123 \(.*a.parquet, row group 1\): feature "
+                       r"item has id 50, not a row of its table \(\[0, 50\)\)"):
+        list(bad)

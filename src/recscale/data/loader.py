@@ -14,6 +14,7 @@ Decoding happens once per row group; the per-batch path is numpy slicing only.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -225,6 +226,38 @@ def read_row_group(ref: RowGroupRef) -> Columns | BagColumns:
     )
 
 
+class IdOutOfRange(ValueError):
+    """A batch holds an id that is not a row of its feature's table."""
+
+
+def check_ids(cols: Columns | BagColumns, rows: Sequence[int], where: str) -> None:
+    """Every present id of feature ``t`` in ``[0, rows[t])``; else IdOutOfRange naming the row,
+    the feature, the id and the table's rows (one vectorised pass over the ids)."""
+    limit = np.asarray(rows, dtype=np.int64)
+    if len(limit) != len(cols.keys):
+        raise ValueError(f"{len(limit)} table sizes for the {len(cols.keys)} features "
+                         f"{', '.join(cols.keys)}")
+    if isinstance(cols, BagColumns):
+        feat = np.repeat(np.tile(np.arange(len(limit)), len(cols)), cols.lengths.reshape(-1))
+        bad = (cols.values < 0) | (cols.values >= limit[feat])
+        if not bad.any():
+            return
+        i = int(np.flatnonzero(bad)[0])
+        t = int(feat[i])
+        r = int(np.searchsorted(np.cumsum(cols.lengths.sum(axis=1)), i, side="right"))
+        value = int(cols.values[i])
+    else:
+        bad = cols.present & ((cols.ids < 0) | (cols.ids >= limit[None, :]))
+        if not bad.any():
+            return
+        r, t = (int(v) for v in np.argwhere(bad)[0])
+        value = int(cols.ids[r, t])
+    raise IdOutOfRange(
+        f"row {int(cols.row[r])} ({where}): feature {cols.keys[t]} has id {value}, not a row "
+        f"of its table ([0, {int(limit[t])})): the data does not match the manifest's schema; "
+        "preprocess it again")
+
+
 def empty_columns(keys: Sequence[str], num_dense: int) -> Columns:
     """No rows, of a dataset with sparse features ``keys`` and ``num_dense`` dense ones."""
     return Columns(np.zeros(0, np.int64), np.zeros(0, np.float32),
@@ -336,6 +369,8 @@ class LoaderConfig(Validated):
     reader_workers: int = 2
     prefetch: int = 4
     pin_memory: bool = False
+    # per sparse feature, its table's rows: every id is checked to be one (None: unchecked)
+    table_rows: tuple[int, ...] | None = None
 
     def validate(self, prefix: str = "loader") -> None:
         check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
@@ -343,6 +378,12 @@ class LoaderConfig(Validated):
               f"in [0, world_size={self.world_size})")
         check(self.reader_workers >= 1, f"{prefix}.reader_workers", self.reader_workers, ">= 1")
         check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
+
+
+def _read_checked(ref: RowGroupRef, rows: Sequence[int]) -> Columns | BagColumns:
+    cols = read_row_group(ref)
+    check_ids(cols, rows, f"{ref.path}, row group {ref.index}")
+    return cols
 
 
 def make_loader(files: Sequence[str | os.PathLike], cfg: LoaderConfig,
@@ -355,7 +396,9 @@ def make_loader(files: Sequence[str | os.PathLike], cfg: LoaderConfig,
     else:
         refs = select_rows(refs, work)
     node: tn.BaseNode = RowGroupSource(refs)
-    node = tn.ParallelMapper(node, read_row_group, num_workers=max(1, cfg.reader_workers),
+    read = read_row_group if cfg.table_rows is None else functools.partial(
+        _read_checked, rows=cfg.table_rows)
+    node = tn.ParallelMapper(node, read, num_workers=max(1, cfg.reader_workers),
                              in_order=True, method="thread")
     node = Rebatcher(node, cfg.batch_size)
     node = tn.Mapper(node, to_batch)

@@ -356,6 +356,10 @@ class FittedSchema:
         """Each table's dim: its own, else ``default_dim`` (``model.embedding_dim``)."""
         return tuple(self.schema.table_of(n).dim or int(default_dim) for n in self.table_names)
 
+    def feature_rows(self) -> tuple[int, ...]:
+        """For each sparse feature, its table's rows (what every id must be below)."""
+        return tuple(self.table_rows[t] for t in self.feature_tables())
+
     def feature_tables(self) -> tuple[int, ...]:
         """For each sparse feature, the index of its table."""
         return tuple(self.table_names.index(f.table_name) for f in self.schema.sparse_inputs)

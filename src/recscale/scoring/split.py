@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from recscale.data.loader import LoaderConfig, make_loader
+from recscale.data.schema import FittedSchema
 from recscale.evaluate.metrics import metrics_with_oracle
 from recscale.model import DLRM
 
@@ -29,7 +30,9 @@ def score_split(model: DLRM, manifest: dict, split: str, batch_size: int) -> Sco
     device = next(model.dense_parameters()).device
     model.eval()
     parts = []
-    for batch in make_loader(manifest["splits"][split]["files"], LoaderConfig(batch_size=batch_size)):
+    rows = FittedSchema.of(manifest).feature_rows()
+    for batch in make_loader(manifest["splits"][split]["files"],
+                             LoaderConfig(batch_size=batch_size, table_rows=rows)):
         b = batch.to(device)
         parts.append((batch.labels.numpy(), torch.sigmoid(model(b.dense, b.sparse)).cpu().numpy(),
                       batch.row_ids.numpy()))

@@ -40,7 +40,7 @@ def loader_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_size: i
     shares = rank_row_counts(files, world_size)
     cfg = LoaderConfig(batch_size=train_cfg.batch_size_per_rank, rank=rank, world_size=world_size,
                        reader_workers=train_cfg.reader_workers, prefetch=train_cfg.prefetch,
-                       pin_memory=device.type == "cuda")
+                       pin_memory=device.type == "cuda", table_rows=fitted.feature_rows())
     steps = max(math.ceil(c / train_cfg.batch_size_per_rank) for c in shares)
     return EpochData(lambda work=None: make_loader(files, cfg, work), steps, sum(shares),
                      train_cfg.batch_size_per_rank,
