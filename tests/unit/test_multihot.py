@@ -115,10 +115,10 @@ def test_bad_bags_are_rejected_with_row_number_and_reason(tmp_path):
     lines = (tmp_path / "out" / "rejects.tsv").read_text().splitlines()[1:]
     got = [(int(line.split("\t")[1]), line.split("\t")[2]) for line in lines]
     assert [r for r, _ in got] == [4, 5, 6]
-    assert "bag too long: C1 holds more than max_bag_size=8" in got[0][1]
-    assert got[1][1].startswith("negative id: C1")
-    assert got[2][1].startswith("null id: C1")
-    assert rep.rejects_by_reason == {"bag too long": 1, "negative id": 1, "null id": 1}
+    assert got[0][1] == "list too long: C1 holds 9 ids, more than max_len=8 (truncate: reject)"
+    assert got[1][1] == "negative id: C1=-4"
+    assert got[2][1] == "null in list: C1 holds a null id"
+    assert rep.rejects_by_reason == {"list too long": 1, "negative id": 1, "null in list": 1}
     with pytest.raises(RejectedRowsError, match="max_reject_fraction"):
         preprocess_multihot([tmp_path / "bad.parquet"], tmp_path / "strict",
                             PreprocessConfig(max_bag_size=8, table_sizes=(100,) * 26))
@@ -133,5 +133,6 @@ def test_users_parquet_source_goes_through_the_multi_hot_path(tmp_path):
     with pytest.raises(ConfigError, match=r"data\.files is empty: source 'parquet'"):
         DataConfig(source="parquet")
     pq.write_table(pa.table({"label": [1]}), tmp_path / "other.parquet")
-    with pytest.raises(ValueError, match=r"not a multi-hot parquet file: missing columns \['I1'"):
+    with pytest.raises(ConfigError, match=r"other.parquet: column 'I1' \(features.dense\[0\] "
+                       r"\(I1\)\) is missing"):
         preprocess_multihot([tmp_path / "other.parquet"], tmp_path / "o", PreprocessConfig())

@@ -183,6 +183,7 @@ class SparseFeature(Validated):
     max_len: int | None = None  # multi_hot: most ids in a row's list (null: preprocess.max_bag_size)
     truncate: Literal["reject", "keep_first", "keep_last"] = "reject"
     delimiter: str = "|"  # multi_hot in a text source: the list's separator
+    min_id: int | None = None  # id_type int: a smaller id rejects its row (null: any integer)
 
     @property
     def source(self) -> str:
@@ -210,6 +211,8 @@ class SparseFeature(Validated):
               f"{prefix}.delimiter", self.delimiter, "a non-empty string")
         check(self.ids != "index" or self.id_type == "int", f"{prefix}.id_type", self.id_type,
               "'int' with ids: index (the ids are the table's rows)")
+        check(self.min_id is None or self.id_type == "int", f"{prefix}.min_id", self.min_id,
+              "null unless id_type is 'int'")
 
 
 @dataclass(frozen=True)
@@ -309,7 +312,9 @@ def criteo_schema(embedding_dim: int | None = None, kind: str = "categorical",
         label="label",
         dense=tuple(DenseFeature(n, transforms=({"clip": [0, None]}, "log1p"))
                     for n in DENSE_NAMES),
-        sparse=tuple(SparseFeature(n, kind=kind, id_type=id_type) for n in SPARSE_NAMES),
+        sparse=tuple(SparseFeature(n, kind=kind, id_type=id_type,
+                                   min_id=0 if kind == "multi_hot" else None)
+                     for n in SPARSE_NAMES),
         tables=tuple(EmbeddingTable(n, dim=embedding_dim) for n in SPARSE_NAMES)
         if embedding_dim else ())
 

@@ -365,26 +365,35 @@ def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int) -> Parsed:
         p.dense.append(_numbers(t.column(f.source), f.name, p, "bad dense value"))
     for f in schema.sparse:
         lengths, keys = _bags(t.column(f.source), f, max_bag, p)
+        if f.min_id is not None and (keys < f.min_id).any():
+            _reject_ids(lengths, keys, keys < f.min_id, p, lambda v, f=f: (
+                f"negative id: {f.name}={v}" if f.min_id == 0 else
+                f"id below min_id: {f.name}={v} < {f.min_id}"))
         if f.ids == "index":
             _check_range(lengths, keys, f, int(schema.table_of(f.table_name).rows), p)
         p.keys.append((lengths, keys))
     return p
 
 
-def _check_range(lengths: np.ndarray, keys: np.ndarray, f: SparseFeature, size: int,
-                 p: Parsed) -> None:
-    """``ids: index``: an id outside [0, size) rejects its row (before anything is fitted)."""
-    out = (keys < 0) | (keys >= size)
-    if not out.any():
-        return
+def _reject_ids(lengths: np.ndarray, keys: np.ndarray, out: np.ndarray, p: Parsed,
+                reason: Callable[[int], str]) -> None:
+    """The rows holding an id flagged in ``out`` are rejected, ``reason(id)`` naming the first."""
     row_of = np.repeat(np.arange(p.n), lengths)
     bad = np.zeros(p.n, bool)
     bad[row_of[out]] = True
     first: dict[int, int] = {}
     for i in np.flatnonzero(out):
         first.setdefault(int(row_of[i]), int(keys[i]))
-    p.reject(bad, lambda r: f"id outside table: {f.name}={first[r]} is not in [0, {size}) "
-             f"(table {f.table_name})")
+    p.reject(bad, lambda r: reason(first[r]))
+
+
+def _check_range(lengths: np.ndarray, keys: np.ndarray, f: SparseFeature, size: int,
+                 p: Parsed) -> None:
+    """``ids: index``: an id outside [0, size) rejects its row (before anything is fitted)."""
+    out = (keys < 0) | (keys >= size)
+    if out.any():
+        _reject_ids(lengths, keys, out, p, lambda v: f"id outside table: {f.name}={v} is not in "
+                    f"[0, {size}) (table {f.table_name})")
 
 
 def _split_keys(lengths: np.ndarray, keys: np.ndarray, keep: np.ndarray):
