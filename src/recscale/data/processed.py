@@ -1,8 +1,8 @@
 """The processed dataset as both preprocessing engines write it (``recscale.data.preprocess``:
 pyarrow on this host, ``recscale.data.spark_preprocess`` on Spark): the ``preprocess`` block's
-config, a block of parsed rows to parquet rows (ids hashed or looked up in the vocabulary, dense
-counts log1p), the split writers, the row accounting and the manifest (``load_manifest`` reads
-it back)."""
+config, a block of parsed Criteo rows to parquet rows (through ``recscale.data.encode``, the
+encoder every path shares), the split writers, the row accounting and the manifest
+(``load_manifest`` reads it back)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,11 @@ import pyarrow.parquet as pq
 
 from recscale.config import ConfigError, Validated, check, check_choice, to_dict
 from recscale.data.criteo import (
-    DENSE_NAMES,
     NUM_SPARSE,
-    SPARSE_NAMES,
     CriteoBlock,
     RejectedRowsError,
 )
+from recscale.data.encode import Parsed, encode, output_schema
 from recscale.data.schema import FittedSchema, criteo_schema
 from recscale.data.vocab import (
     VOCAB_NAME,
@@ -102,31 +101,32 @@ class PreprocessConfig(Validated):
         return (self.max_table_size,) * NUM_SPARSE
 
 
+def criteo_fitted(table_sizes: Sequence[int], ids: str = "hash") -> FittedSchema:
+    """The Criteo preset fitted to its table sizes (``ids``: hash or vocab)."""
+    return FittedSchema.fit(criteo_schema(ids=ids), [int(t) for t in table_sizes])
+
+
 def parquet_schema() -> pa.Schema:
-    fields = [pa.field("row", pa.int64(), nullable=False), pa.field("label", pa.int8(), nullable=False)]
-    fields += [pa.field(n, pa.float32(), nullable=False) for n in DENSE_NAMES]
-    fields += [pa.field(n, pa.int64()) for n in SPARSE_NAMES]
-    return pa.schema(fields)
-
-
-def map_ids(sparse: np.ndarray, table_sizes: np.ndarray, vocab: Vocabulary | None) -> np.ndarray:
-    """Raw 32-bit ids [n, 26] -> embedding rows: hashed into the tables, or looked up in ``vocab``."""
-    if vocab is None:
-        return sparse.astype(np.int64) % table_sizes[None, :]
-    return np.stack([vocab.lookup(j, sparse[:, j]) for j in range(sparse.shape[1])], axis=1) \
-        if len(sparse) else np.zeros(sparse.shape, np.int64)
+    """The Criteo preset's processed columns."""
+    return output_schema(criteo_fitted([1] * NUM_SPARSE))
 
 
 def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray,
-                    vocab: Vocabulary | None = None) -> pa.Table:
-    """Parsed rows -> model-ready columns (see module docstring)."""
-    dense = np.log1p(np.maximum(block.dense, 0).astype(np.float64)).astype(np.float32)
-    dense[~block.dense_present] = 0.0
-    ids = map_ids(block.sparse, table_sizes, vocab)
-    cols = [pa.array(block.line - 1 + row_offset), pa.array(block.label)]
-    cols += [pa.array(dense[:, j]) for j in range(dense.shape[1])]
-    cols += [pa.array(ids[:, j], mask=~block.sparse_present[:, j]) for j in range(NUM_SPARSE)]
-    return pa.Table.from_arrays(cols, schema=parquet_schema())
+                    vocab: Vocabulary | None = None) -> tuple[pa.Table, np.ndarray]:
+    """Parsed Criteo rows -> model-ready columns, through the one encoder every path writes with
+    (``recscale.data.encode``): the preset's transforms, ids hashed or looked up in ``vocab``;
+    -> (table, ids written per feature)."""
+    n = len(block)
+    present = block.sparse_present
+    parsed = Parsed(
+        n, block.label.astype(np.int8, copy=False),
+        [(block.dense[:, j].astype(np.float64), block.dense_present[:, j])
+         for j in range(block.dense.shape[1])],
+        [(present[:, j].astype(np.int64), block.sparse[present[:, j], j].astype(np.int64))
+         for j in range(block.sparse.shape[1])],
+        np.zeros(n, bool))
+    fitted = criteo_fitted(table_sizes, "hash" if vocab is None else "vocab")
+    return encode(parsed, fitted, vocab, block.line - 1 + row_offset)
 
 
 class SplitWriter:
@@ -209,9 +209,9 @@ def write_split_rows(block: CriteoBlock, offset: int, table_sizes: np.ndarray,
     """One parsed block -> its rows appended to each split's writer (``bounds``: where each split
     starts, in global rows), its present ids counted into ``present``; -> the block's rows. Both
     engines write through this."""
-    table = transform_block(block, offset, table_sizes, vocab)
+    table, ids = transform_block(block, offset, table_sizes, vocab)
     rows = block.line - 1 + offset
-    present += block.sparse_present.sum(axis=0)
+    present += ids
     cut = np.searchsorted(rows, bounds, side="left")
     lo = 0
     for split, hi in zip(SPLITS, cut):
@@ -268,7 +268,7 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
     the manifest. ``results``: one per part, in any order (``index`` orders them by row);
     ``fitted``: the fitted schema (default: the Criteo preset's) and ``file_schema`` the parts'
     columns (default: Criteo's)."""
-    fitted = fitted or FittedSchema.fit(criteo_schema(), np.asarray(table_sizes).tolist())
+    fitted = fitted or criteo_fitted(np.asarray(table_sizes).tolist(), cfg.ids)
     file_schema = file_schema if file_schema is not None else parquet_schema()
     table_sizes = np.asarray(table_sizes, dtype=np.int64)
     rejects_path = out / "rejects.tsv"

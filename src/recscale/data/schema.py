@@ -302,17 +302,17 @@ class FeatureSchema(Validated):
 
 
 def criteo_schema(embedding_dim: int | None = None, kind: str = "categorical",
-                  id_type: str = "hex") -> FeatureSchema:
+                  id_type: str = "hex", ids: str = "hash") -> FeatureSchema:
     """The Criteo preset: the label, 13 counts (missing 0; negatives clipped to 0, then log1p)
-    and 26 ids (``hex``: Criteo's TSV; ``int``: the multi-hot parquet's), each id feature its
-    own table."""
+    and 26 ids (``hex``: Criteo's TSV; ``int``: the multi-hot parquet's; hashed, or with
+    ``ids="vocab"`` through a vocabulary), each id feature its own table."""
     from recscale.data.criteo import DENSE_NAMES, SPARSE_NAMES
 
     return FeatureSchema(
         label="label",
         dense=tuple(DenseFeature(n, transforms=({"clip": [0, None]}, "log1p"))
                     for n in DENSE_NAMES),
-        sparse=tuple(SparseFeature(n, kind=kind, id_type=id_type,
+        sparse=tuple(SparseFeature(n, kind=kind, id_type=id_type, ids=ids,
                                    min_id=0 if kind == "multi_hot" else None)
                      for n in SPARSE_NAMES),
         tables=tuple(EmbeddingTable(n, dim=embedding_dim) for n in SPARSE_NAMES)

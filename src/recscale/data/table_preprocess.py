@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from recscale.config import ConfigError
 from recscale.data.criteo import RejectedRowsError, RejectLog
+from recscale.data.encode import Parsed, encode, output_schema, split_keys
 from recscale.data.processed import (
     SPLITS,
     FileResult,
@@ -235,24 +236,6 @@ def write_rows(rows, path: str | os.PathLike, progress: Callable[[int], None] | 
 
 
 # --- parsing: a block's columns -> raw values, and the rows that cannot be used ----------------------
-@dataclass
-class Parsed:
-    """One block's values, before anything fitted is applied."""
-
-    n: int
-    label: np.ndarray  # int8
-    dense: list[tuple[np.ndarray, np.ndarray]]  # per dense feature: raw float64, present
-    keys: list[tuple[np.ndarray, np.ndarray]]  # per sparse input: lengths [n], flat int64 keys
-    bad: np.ndarray  # bool [n]
-    reasons: dict[int, str] = field(default_factory=dict)  # row in block -> first reason
-
-    def reject(self, rows: np.ndarray, reason: Callable[[int], str]) -> None:
-        for r in np.flatnonzero(rows):
-            if not self.bad[r]:
-                self.bad[r] = True
-                self.reasons[int(r)] = reason(int(r))
-
-
 def _strings(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     return col if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) \
@@ -396,12 +379,6 @@ def _check_range(lengths: np.ndarray, keys: np.ndarray, f: SparseFeature, size: 
                     f"[0, {size}) (table {f.table_name})")
 
 
-def _split_keys(lengths: np.ndarray, keys: np.ndarray, keep: np.ndarray):
-    """The (lengths, keys) of the rows ``keep``."""
-    row_of = np.repeat(np.arange(len(lengths)), lengths)
-    return lengths[keep], keys[keep[row_of]]
-
-
 # --- fitting and writing --------------------------------------------------------------------------
 @dataclass
 class Fit:
@@ -414,7 +391,7 @@ class Fit:
 def _fit_block(p: Parsed, schema: FeatureSchema, keep: np.ndarray, fit: Fit) -> None:
     vocab_feats = [j for j, f in enumerate(schema.sparse) if f.ids == "vocab"]
     for k, j in enumerate(vocab_feats):
-        lengths, keys = _split_keys(*p.keys[j], keep)
+        lengths, keys = split_keys(*p.keys[j], keep)
         u, c = np.unique(keys, return_counts=True)
         fit.counter.merge(k, u, c)
     for f, (x, present) in zip(schema.dense, p.dense):
@@ -435,60 +412,6 @@ def _stats(fit: Fit, schema: FeatureSchema) -> dict[str, dict[str, float]]:
             std = float(np.sqrt(max(ss / n - mean * mean, 0.0)))
             out[f.name] = {"mean": float(mean), "std": std if std > 0 else 1.0}
     return out
-
-
-def output_schema(fitted: FittedSchema) -> pa.Schema:
-    bags = any(f.kind == "multi_hot" for f in fitted.schema.sparse_inputs)
-    fields = [pa.field("row", pa.int64(), nullable=False),
-              pa.field("label", pa.int8(), nullable=False)]
-    fields += [pa.field(n, pa.float32(), nullable=False) for n in fitted.dense_names]
-    fields += [pa.field(n, pa.list_(pa.int64()) if bags else pa.int64())
-               for n in fitted.sparse_names]
-    return pa.schema(fields)
-
-
-def encode(p: Parsed, fitted: FittedSchema, vocab, rows: np.ndarray, source: str,
-           line_of: Callable[[int], int], rejects: RejectLog,
-           text_of: Callable[[int], bytes]) -> tuple[pa.Table, np.ndarray]:
-    """Parsed rows -> the output table (rows that pass), and per sparse input the ids present.
-    ``rows``: the block's global row numbers."""
-    schema = fitted.schema
-    sizes = dict(zip(fitted.table_names, fitted.table_rows))
-    ids: list[tuple[np.ndarray, np.ndarray]] = []
-    vocab_pos = {f.name: k for k, f in enumerate(f for f in schema.sparse if f.ids == "vocab")}
-    for f, (lengths, keys) in zip(schema.sparse, p.keys):
-        size = sizes[f.table_name]
-        if f.ids == "vocab":
-            mapped = vocab.lookup(vocab_pos[f.name], keys)
-        elif f.ids == "index":  # checked by parse_block: every id is in [0, size)
-            mapped = keys
-        else:
-            mapped = keys % size
-        ids.append((lengths, mapped.astype(np.int64)))
-    for f, (x, present) in zip(schema.dense, p.dense):
-        if f.boundaries is not None:
-            lengths = present.astype(np.int64)
-            ids.append((lengths, f.bucket(x[present], fitted.stats.get(f.name))))
-    for r in np.flatnonzero(p.bad):
-        rejects.add(source, line_of(int(r)), p.reasons[int(r)], text_of(int(r)))
-    keep = ~p.bad
-    bags = any(f.kind == "multi_hot" for f in schema.sparse_inputs)
-    cols = [pa.array(rows[keep]), pa.array(p.label[keep])]
-    for f, (x, present) in zip(schema.dense, p.dense):
-        if f.boundaries is None:
-            cols.append(pa.array(f.apply(x, present, fitted.stats.get(f.name))[keep]))
-    present_ids = np.zeros(len(ids), np.int64)
-    for j, (lengths, mapped) in enumerate(ids):
-        lengths, mapped = _split_keys(lengths, mapped, keep)
-        present_ids[j] = len(mapped)
-        if bags:
-            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-            cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(mapped, pa.int64())))
-        else:
-            full = np.zeros(len(lengths), np.int64)
-            full[lengths > 0] = mapped
-            cols.append(pa.array(full, mask=lengths == 0))
-    return pa.Table.from_arrays(cols, schema=output_schema(fitted)), present_ids
 
 
 def _row_text(t: pa.Table, r: int) -> bytes:
@@ -561,9 +484,10 @@ def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathL
                 p = parse_block(block, schema, cfg.max_bag_size)
                 rows = pos + np.arange(block.num_rows)
                 start = pos - int(offset)
-                table, ids = encode(p, fitted, vocab, rows, f,
-                                    lambda r, s=start + 1 + header: s + r, rejects_log,
-                                    lambda r, b=block: _row_text(b, r))
+                for r in np.flatnonzero(p.bad):
+                    rejects_log.add(f, start + 1 + header + int(r), p.reasons[int(r)],
+                                    _row_text(block, int(r)))
+                table, ids = encode(p, fitted, vocab, rows)
                 present += ids
                 written += table.num_rows
                 cut = np.searchsorted(table.column("row").to_numpy(), bounds, side="left")
