@@ -60,7 +60,7 @@ from recscale.config import parse
 from recscale.data.processed import PreprocessConfig
 from recscale.data.schema import parse_features
 from recscale.data.synthetic_table import TableSynthConfig, generate_table
-from recscale.data.table_preprocess import preprocess_table
+from recscale.data.preprocess import preprocess_table
 
 work, rows = Path(sys.argv[1]), int(sys.argv[2])
 dense = [{"name": f"d{i}", "transforms": ["log1p", "standardize"] if i % 2 else

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from recscale.data.preprocess import preprocess_table
 from recscale.data.processed import PreprocessConfig, load_manifest
 from recscale.data.schema import parse_features
-from recscale.data.table_preprocess import preprocess_table
 from tests.e2e.project import kedro, make_project_copy
 
 pytestmark = pytest.mark.e2e

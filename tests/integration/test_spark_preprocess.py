@@ -193,3 +193,76 @@ def test_byte_blocks_hold_every_line_exactly_once(tmp_path, final_newline):
                    for c in block_chunks(str(path), s, min(s + block, size), chunk)]
             assert all(c.endswith(b"\n") for c in got), (block, chunk)
             assert b"".join(got) == want, (block, chunk)
+
+
+def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, seed):
+    """Parquet row groups, a day partition and a text file with rejects, every feature kind:
+    the Spark engine writes the same rows, rejects, vocabulary and fitted schema."""
+    import csv
+
+    import pyarrow as pa
+
+    from recscale.data.preprocess import preprocess_table
+    from recscale.data.schema import parse_features
+
+    rng = np.random.default_rng(seed)
+
+    def frame(n):
+        return {"click": rng.integers(0, 2, n).tolist(),
+                "price": [None if rng.random() < 0.1 else float(x)
+                          for x in rng.lognormal(2, 1, n)],
+                "user": [f"u{i}" for i in rng.integers(0, 60, n)],
+                "item": rng.integers(0, 500, n).tolist(),
+                "tags": [rng.integers(0, 40, rng.integers(0, 7)).tolist() for _ in range(n)]}
+
+    for day in ("2026-01-01", "2026-01-02"):
+        (tmp_path / f"day={day}").mkdir()
+        t = pa.table(frame(900), schema=pa.schema([
+            ("click", pa.int64()), ("price", pa.float64()), ("user", pa.string()),
+            ("item", pa.int64()), ("tags", pa.list_(pa.int64()))]))
+        pq.write_table(t, tmp_path / f"day={day}" / "part.parquet", row_group_size=250)
+    rows = frame(400)
+    with open(tmp_path / "day=2026-01-03.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["click", "price", "user", "item", "tags", "day"])
+        for i in range(400):
+            tags = "|".join(map(str, rows["tags"][i]))
+            price = "" if rows["price"][i] is None else rows["price"][i]
+            if i % 53 == 7:
+                price = "n/a"  # rejected: not a number
+            w.writerow([rows["click"][i], price, rows["user"][i], rows["item"][i], tags,
+                        "2026-01-03"])
+    schema = parse_features({
+        "label": "click",
+        "dense": [{"name": "price", "transforms": ["log1p", "standardize"]},
+                  {"name": "band", "column": "price", "transforms": [{"bucketize": [5, 20]}]}],
+        "sparse": [{"name": "user", "id_type": "string", "ids": "vocab", "min_count": 3},
+                   {"name": "item", "ids": "hash"}, {"name": "day", "id_type": "string"},
+                   {"name": "tags", "kind": "multi_hot", "max_len": 4,
+                    "truncate": "keep_last"}],
+        "tables": [{"name": "item", "rows": 97}, {"name": "day", "rows": 8},
+                   {"name": "tags", "rows": 50, "dim": 8}]})
+    files = [tmp_path / "day=2026-01-01", tmp_path / "day=2026-01-02",
+             tmp_path / "day=2026-01-03.csv"]
+    got = {}
+    for engine in ("pyarrow", "spark"):
+        out = tmp_path / engine
+        cfg = PreprocessConfig(output_dir=str(out), engine=engine, row_group_size=300,
+                               max_reject_fraction=0.05)
+        rep = preprocess_table(files, out, cfg, schema, spark=spark)
+        man = load_manifest(rep.manifest_path)
+        tables = {s: pa.concat_tables([pq.read_table(f) for f in man["splits"][s]["files"]])
+                  for s in SPLITS}
+        with open(man["rejects_path"]) as fh:
+            rejects = fh.read().splitlines()
+        got[engine] = (tables, man, rejects, pq.read_table(man["vocabulary_path"]))
+    (a, ma, ra, va), (b, mb, rb, vb) = got["pyarrow"], got["spark"]
+    assert ma["rows_rejected"] == mb["rows_rejected"] == 8 and len(ra) == 9
+    assert ra == [line.replace(str(tmp_path / "spark"), str(tmp_path / "pyarrow"))
+                  for line in rb]
+    for s in SPLITS:
+        assert a[s].equals(b[s]), s
+    assert ma["schema"] == mb["schema"] and ma["table_sizes"] == mb["table_sizes"]
+    assert ma["pooling_factors"] == mb["pooling_factors"]
+    assert va.equals(vb)
+    assert mb["engine"] == "spark" and ma["engine"] == "pyarrow"

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recscale.config import parse
+from recscale.data.preprocess import preprocess_table
 from recscale.data.processed import PreprocessConfig, load_manifest
 from recscale.data.schema import parse_features
 from recscale.data.synthetic_table import TableSynthConfig, generate_table
-from recscale.data.table_preprocess import preprocess_table
 from recscale.evaluate.metrics import auc_score
 
 SCHEMA = parse_features({

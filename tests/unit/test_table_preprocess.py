@@ -16,9 +16,9 @@ import pytest
 from recscale.config import ConfigError, parse
 from recscale.data.criteo import RejectedRowsError
 from recscale.data.loader import LoaderConfig, make_loader
+from recscale.data.preprocess import preprocess_table
 from recscale.data.processed import PreprocessConfig, load_manifest
 from recscale.data.schema import FittedSchema, parse_features, stable_hash
-from recscale.data.table_preprocess import preprocess_table
 
 
 def fnv1a(s: str) -> int:

@@ -185,8 +185,13 @@ def preprocess_multihot(
     if cfg.engine != "pyarrow" or cfg.ids != "hash":
         raise ConfigError(f"multi-hot input is preprocessed with preprocess.engine='pyarrow' and "
                           f"preprocess.ids='hash' only (got engine={cfg.engine!r}, ids={cfg.ids!r})")
-    from recscale.data.table_preprocess import preprocess_table
+    from recscale.data.table_preprocess import (
+        check_columns,
+        preprocess_table_pyarrow,
+        source_files,
+    )
 
-    sizes = cfg.resolve_table_sizes(table_size_hint)
-    return preprocess_table(files, out_dir, cfg, multihot_schema(sizes, cfg.max_bag_size),
-                            progress=progress)
+    schema = multihot_schema(cfg.resolve_table_sizes(table_size_hint), cfg.max_bag_size)
+    files = source_files(files)
+    check_columns(files, schema, ",")
+    return preprocess_table_pyarrow(files, out_dir, cfg, schema, progress=progress)

@@ -1,4 +1,5 @@
-"""Criteo TSV -> parquet splits ready for training.
+"""Criteo TSV -> parquet splits ready for training; and the engine switch of a table of the
+user's own (``preprocess_table``).
 
 Dense counts: missing -> 0, negatives clamped to 0, then log1p (float32). Categorical 8-hex ids
 (``ids``): ``hash``, the 32-bit id modulo the feature's table size, or ``vocab``, the id's row in a
@@ -44,7 +45,10 @@ from recscale.data.processed import (  # noqa: F401  (SPLITS, PreprocessConfig, 
     split_bounds,
     write_split_rows,
 )
+from recscale.data.schema import FeatureSchema
 from recscale.data.spark_preprocess import preprocess_criteo_spark
+from recscale.data.spark_table import preprocess_table_spark
+from recscale.data.table_preprocess import check_columns, preprocess_table_pyarrow, source_files
 from recscale.data.vocab import IdCounter, Vocabulary
 
 log = logging.getLogger(__name__)
@@ -155,3 +159,18 @@ def preprocess_criteo(
     return finish_preprocess(out, files, cfg, total, results, table_sizes, vocab_path)
 
 
+def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
+                     cfg: PreprocessConfig, schema: FeatureSchema, delimiter: str = ",",
+                     progress: Callable[[int, int], None] | None = None,
+                     spark=None) -> PreprocessReport:
+    """Read ``files`` (parquet files, directories of them, or delimited text with a header; in
+    time order) through the feature ``schema`` and write the parquet splits, the rejects and the
+    manifest under ``out_dir`` (``recscale.data.table_preprocess``), on this host
+    (``engine: pyarrow``) or on Spark (``engine: spark``, ``recscale.data.spark_table``; ``spark``:
+    the SparkSession, else one from the defaults). Every file's columns are checked before any
+    work. ``progress(rows_done, rows_total)``."""
+    files = source_files(files)
+    check_columns(files, schema, delimiter)
+    if cfg.engine == "spark":
+        return preprocess_table_spark(files, out_dir, cfg, schema, delimiter, progress, spark)
+    return preprocess_table_pyarrow(files, out_dir, cfg, schema, delimiter, progress)

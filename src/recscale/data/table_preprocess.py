@@ -14,7 +14,9 @@ not 0 or 1, a dense value that is not a number, an id that is not of its ``id_ty
 its table (``ids: index``), a null inside a list, a list longer than ``max_len`` without a
 truncation rule. Every input row is written or rejected: the manifest's accounting says so.
 
-Two passes: the first over the train split's rows fits what the schema leaves to the data (the
+The input is cut into units (each parquet row group, each text file), read in order by the
+pyarrow engine here or one Spark task each (``recscale.data.spark_table``), with the same
+functions. Two passes: the first over the train split's rows fits what the schema leaves to the data (the
 vocabularies of ``ids: vocab`` features, the statistics of ``standardize``), the second writes the
 rows: ``row`` (the row's number over all input rows, in order), ``label`` (int8), the dense
 inputs (float32) and the sparse inputs (int64 ids; list<int64> bags when any feature is
@@ -418,44 +420,122 @@ def _row_text(t: pa.Table, r: int) -> bytes:
     return "\t".join(f"{c}={t.column(c)[r].as_py()!r}" for c in t.column_names).encode()
 
 
-def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
-                     cfg: PreprocessConfig, schema: FeatureSchema, delimiter: str = ",",
-                     progress: Callable[[int, int], None] | None = None) -> PreprocessReport:
-    """Read ``files`` (parquet, directories of it, or delimited text with a header; in time
-    order) through ``schema`` and write the parquet splits, the rejects and the manifest under
-    ``out_dir`` (see the module docstring). ``progress(rows_done, rows_total)``."""
-    files = source_files(files)
-    check_columns(files, schema, delimiter)
-    out = prepare_output(out_dir)
-    columns = [c for c, _, _ in _needed(schema)]
-    counts = [count_rows(f, delimiter) for f in files]
-    total = int(sum(counts))
-    bounds = split_bounds(total, cfg.splits)
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+@dataclass(frozen=True)
+class Unit:
+    """A piece of the input that one task reads: a parquet row group, or a whole text file."""
+
+    index: int
+    path: str
+    row_group: int | None  # None: the whole (text) file
+    rows: int
+    row_base: int  # the global row number of its first row
+    first_row: int  # its first row's position in its file (0-based)
+
+
+def plan_units(files: Sequence[str], delimiter: str) -> list[Unit]:
+    """The input's units in row order, with their global row numbers."""
+    units, base = [], 0
+    for f in files:
+        if is_text(f):
+            n = count_rows(f, delimiter)
+            units.append(Unit(len(units), f, None, n, base, 0))
+            base += n
+            continue
+        meta = pq.ParquetFile(f).metadata
+        first = 0
+        for g in range(meta.num_row_groups):
+            n = meta.row_group(g).num_rows
+            units.append(Unit(len(units), f, g, n, base, first))
+            base, first = base + n, first + n
+    return units
+
+
+def unit_blocks(u: Unit, columns: Sequence[str], delimiter: str,
+                chunk_bytes: int) -> Iterator[pa.Table]:
+    if u.row_group is None:
+        yield from read_blocks(u.path, columns, delimiter, chunk_bytes)
+        return
+    cols = list(dict.fromkeys(columns))
+    pf = pq.ParquetFile(u.path)
+    own = [c for c in cols if c in pf.schema_arrow.names]
+    t = pf.read_row_group(u.row_group, columns=own)
+    for k, v in partition_columns(u.path).items():
+        if k in cols and k not in own:
+            t = t.append_column(k, pa.array([v] * t.num_rows, pa.string()))
+    yield t
+
+
+def fit_unit(u: Unit, schema: FeatureSchema, cfg: PreprocessConfig, delimiter: str,
+             train_end: int) -> tuple[IdCounter, list[list[tuple[str, np.ndarray]]]]:
+    """What one unit's train rows fit: its id counts (``ids: vocab`` features) and, per block in
+    order, the standardize sums (added in unit and block order, they give the same floats on
+    either engine)."""
+    fit = Fit(IdCounter(sum(f.ids == "vocab" for f in schema.sparse)), {})
+    sums = []
+    pos = u.row_base
+    for block in unit_blocks(u, [c for c, _, _ in _needed(schema)], delimiter, cfg.chunk_bytes):
+        p = parse_block(block, schema, cfg.max_bag_size)
+        rows = pos + np.arange(block.num_rows)
+        fit.sums = {f.name: np.zeros(3) for f in schema.dense if f.standardizes}
+        _fit_block(p, schema, ~p.bad & (rows < train_end), fit)
+        sums.append(list(fit.sums.items()))
+        pos += block.num_rows
+    return fit.counter, sums
+
+
+def write_unit(u: Unit, fitted: FittedSchema, vocab: Vocabulary | None, cfg: PreprocessConfig,
+               delimiter: str, bounds: np.ndarray, writers: dict, rejects: RejectLog,
+               progress: Callable[[int], None] | None = None) -> tuple[int, np.ndarray]:
+    """One unit's rows -> the split writers and the rejects; -> (rows written, ids per sparse
+    input)."""
+    schema = fitted.schema
+    header = 1 if is_text(u.path) else 0
+    present = np.zeros(len(fitted.sparse_names), np.int64)
+    written, pos = 0, 0
+    for block in unit_blocks(u, [c for c, _, _ in _needed(schema)], delimiter, cfg.chunk_bytes):
+        p = parse_block(block, schema, cfg.max_bag_size)
+        rows = u.row_base + pos + np.arange(block.num_rows)
+        for r in np.flatnonzero(p.bad):
+            rejects.add(u.path, u.first_row + pos + int(r) + 1 + header, p.reasons[int(r)],
+                        _row_text(block, int(r)))
+        table, ids = encode(p, fitted, vocab, rows)
+        present += ids
+        written += table.num_rows
+        cut = np.searchsorted(table.column("row").to_numpy(), bounds, side="left")
+        lo = 0
+        for split, hi in zip(SPLITS, cut):
+            writers[split].write(table.slice(lo, hi - lo))
+            lo = hi
+        pos += block.num_rows
+        if progress:
+            progress(block.num_rows)
+    return written, present
+
+
+def fit_schema(schema: FeatureSchema, cfg: PreprocessConfig, out: Path,
+               fits: Sequence[tuple[IdCounter, list]]) -> tuple[FittedSchema, Vocabulary | None,
+                                                               str | None]:
+    """The units' fits (in row order) -> the fitted schema, the vocabulary and its file."""
     vocab_feats = [f for f in schema.sparse if f.ids == "vocab"]
-    fit = Fit(IdCounter(len(vocab_feats)), {f.name: np.zeros(3) for f in schema.dense
-                                            if f.standardizes})
-    if vocab_feats or fit.sums:  # the first pass: the train split's rows
-        for f, offset in zip(files, offsets):
-            if offset >= bounds[0]:
-                break
-            pos = int(offset)
-            for block in read_blocks(f, columns, delimiter, cfg.chunk_bytes):
-                p = parse_block(block, schema, cfg.max_bag_size)
-                rows = pos + np.arange(block.num_rows)
-                _fit_block(p, schema, ~p.bad & (rows < bounds[0]), fit)
-                pos += block.num_rows
+    counter = IdCounter(len(vocab_feats))
+    sums = {f.name: np.zeros(3) for f in schema.dense if f.standardizes}
+    for c, blocks in fits:
+        for k in range(len(vocab_feats)):
+            counter.merge(k, c.ids[k], c.counts[k])
+        for block in blocks:
+            for name, partial in block:
+                sums[name] += partial
     vocab, vocab_path = None, None
     if vocab_feats:
         names = tuple(f.name for f in vocab_feats)
         existing = load_vocabulary(cfg.vocab.path, names) if cfg.vocab.path else None
         # each feature with its own threshold and cap (grown append-only from ``existing``)
-        per = [build_vocabulary(_one(fit.counter, k), VocabConfig(f.min_count, f.max_size),
+        per = [build_vocabulary(_one(counter, k), VocabConfig(f.min_count, f.max_size),
                                 _one_vocab(existing, k), features=(f.name,))
                for k, f in enumerate(vocab_feats)]
         vocab = Vocabulary([v.ids[0] for v in per], [v.counts[0] for v in per], names)
         vocab_path = vocab.save(out / VOCAB_NAME)
-    sizes = {}
+    sizes: dict[str, int] = {}
     vocab_sizes = dict(zip(vocab.features, vocab.table_sizes)) if vocab else {}
     bucketized = {d.name: d.boundaries for d in schema.dense if d.boundaries is not None}
     for f in schema.sparse_inputs:
@@ -468,7 +548,28 @@ def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathL
             n = t.rows or cfg.max_table_size
         sizes.setdefault(f.table_name, n)
     rows_by_table = [sizes[n] for n in dict.fromkeys(f.table_name for f in schema.sparse_inputs)]
-    fitted = FittedSchema.fit(schema, rows_by_table, _stats(fit, schema))
+    return FittedSchema.fit(schema, rows_by_table, _stats(Fit(counter, sums), schema)), vocab, \
+        vocab_path
+
+
+def _needs_fit(schema: FeatureSchema) -> bool:
+    return any(f.ids == "vocab" for f in schema.sparse) or any(f.standardizes
+                                                               for f in schema.dense)
+
+
+def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,
+                             cfg: PreprocessConfig, schema: FeatureSchema, delimiter: str = ",",
+                             progress: Callable[[int, int], None] | None = None
+                             ) -> PreprocessReport:
+    """``recscale.data.preprocess.preprocess_table`` on this host, in one process; ``files``
+    already expanded and checked (``source_files``, ``check_columns``)."""
+    out = prepare_output(out_dir)
+    units = plan_units(files, delimiter)
+    total = int(sum(u.rows for u in units))
+    bounds = split_bounds(total, cfg.splits)
+    fits = [fit_unit(u, schema, cfg, delimiter, int(bounds[0])) for u in units
+            if u.row_base < bounds[0]] if _needs_fit(schema) else []
+    fitted, vocab, vocab_path = fit_schema(schema, cfg, out, fits)
     rejects_log = RejectLog(path=out / "rejects" / "part-00000.tsv", total_lines=total,
                             max_fraction=cfg.max_reject_fraction)
     writers = {s: SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size,
@@ -476,29 +577,19 @@ def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathL
                for s in SPLITS}
     present = np.zeros(len(fitted.sparse_names), np.int64)
     written, done = 0, 0
+
+    def step(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress:
+            progress(done, total)
+
     try:
-        for f, offset in zip(files, offsets):
-            pos = int(offset)
-            header = 1 if is_text(f) else 0
-            for block in read_blocks(f, columns, delimiter, cfg.chunk_bytes):
-                p = parse_block(block, schema, cfg.max_bag_size)
-                rows = pos + np.arange(block.num_rows)
-                start = pos - int(offset)
-                for r in np.flatnonzero(p.bad):
-                    rejects_log.add(f, start + 1 + header + int(r), p.reasons[int(r)],
-                                    _row_text(block, int(r)))
-                table, ids = encode(p, fitted, vocab, rows)
-                present += ids
-                written += table.num_rows
-                cut = np.searchsorted(table.column("row").to_numpy(), bounds, side="left")
-                lo = 0
-                for split, hi in zip(SPLITS, cut):
-                    writers[split].write(table.slice(lo, hi - lo))
-                    lo = hi
-                pos += block.num_rows
-                done += block.num_rows
-                if progress:
-                    progress(done, total)
+        for u in units:
+            w, ids = write_unit(u, fitted, vocab, cfg, delimiter, bounds, writers, rejects_log,
+                                step)
+            written += w
+            present += ids
     except RejectedRowsError as exc:
         rejects_log.close()
         merge_rejects(out, out / "rejects.tsv")

@@ -240,7 +240,4 @@ class DLRMConfig(Validated):
                 "data.source 'table' (parquet or delimited text) or 'dataset' (the catalog's "
                 "raw_table), or draws 'synthetic' rows for itself, and 'table' and 'dataset' "
                 "need one; the Criteo sources (criteo_tsv, parquet) take features: criteo")
-        if custom and self.preprocess.engine != "pyarrow":
-            raise ConfigError(f"{dot}preprocess.engine={self.preprocess.engine!r} is not allowed "
-                              f"with a schema of your own yet: use 'pyarrow'")
         self.train.dense_optimizer.check_model(self.model, f"{dot}train.dense_optimizer")
