@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from recscale.config import parse
+from recscale.data.criteo import SPARSE_NAMES
 from recscale.retrain import WarmStart, first_warm_start, state_dict_file_source
 from recscale.retrain.warm import save_latest
 from tests.conftest import small_synthetic_config
@@ -69,12 +70,12 @@ def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model
         "retrain": {"work_dir": str(tmp_path / "work"), "model_dir": str(tmp_path / "models")}},
         "")
     m1 = prepare_partitions(parts[:1], WarmStart("cold"), cfg)
-    v1 = load_vocabulary(m1["vocabulary_path"])
+    v1 = load_vocabulary(m1["vocabulary_path"], SPARSE_NAMES)
     first = train_warm(m1, cfg, checkpoint_dir=str(tmp_path / "checkpoints"))
     save_latest(tmp_path / "models", first.model.state_dict(), {"table_sizes": m1["table_sizes"]})
     warm = first_warm_start([("latest", state_dict_file_source(tmp_path / "models"))])
     m2 = prepare_partitions(parts[1:], warm, cfg)
-    v2 = load_vocabulary(m2["vocabulary_path"])
+    v2 = load_vocabulary(m2["vocabulary_path"], SPARSE_NAMES)
     assert all(np.array_equal(b[:len(a)], a) for a, b in zip(v1.ids, v2.ids))  # same rows
     assert all(b >= a for a, b in zip(m1["table_sizes"], m2["table_sizes"]))
     assert sum(m2["table_sizes"]) > sum(m1["table_sizes"])  # day 1 brought new ids

@@ -168,11 +168,11 @@ def test_vocabulary_grows_append_only_on_spark(spark, dirty_days, tmp_path):
     # the first day's vocabulary (either engine writes the same file: see the test above)
     first = preprocess_criteo(files[:1], tmp_path / "one", _cfg(ids="vocab",
                                                                   vocab=VocabConfig(min_count=3)))
-    old = load_vocabulary(first.vocabulary_path)
+    old = load_vocabulary(first.vocabulary_path, SPARSE_NAMES)
     grown_cfg = dict(ids="vocab", vocab=VocabConfig(min_count=3, path=first.vocabulary_path))
     ref, got = _both(spark, files[1:], tmp_path, **grown_cfg)
     _assert_same_output(ref, got)
-    new = load_vocabulary(got.vocabulary_path)
+    new = load_vocabulary(got.vocabulary_path, SPARSE_NAMES)
     for j in range(NUM_SPARSE):
         assert np.array_equal(new.ids[j][:len(old.ids[j])], old.ids[j])  # every old index kept
     assert sum(len(a) for a in new.ids) > sum(len(a) for a in old.ids)

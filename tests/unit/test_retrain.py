@@ -238,3 +238,13 @@ def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_r
     with pytest.raises(ValueError, match="table C1 would shrink from 4 to 3 rows"):
         load_state_into(grown, recipe.with_tables(bigger).build().state_dict(), recipe,
                         bigger, names)
+
+
+def test_the_retrain_refuses_a_schema_of_its_own_naming_the_key():
+    from recscale.config import ConfigError, parse
+    from recscale.retrain.config import DLRMRetrainConfig
+
+    with pytest.raises(ConfigError, match="features=a schema of your own is not allowed with "
+                       "dlrm_retrain yet"):
+        parse(DLRMRetrainConfig, {"data": {"source": "table", "files": ["x.csv"]},
+                                  "features": {"sparse": [{"name": "item"}]}}, "")

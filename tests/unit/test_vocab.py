@@ -43,17 +43,17 @@ def _counter(columns):
 def test_thresholds_order_and_the_oov_row():
     col = [5] * 4 + [9] * 4 + [7] * 3 + [3] * 1 + [None] * 2 + [11] * 2
     c = _counter([col])
-    v = build_vocabulary(c, VocabConfig(min_count=2), features=("C1",))
+    v = build_vocabulary(c, VocabConfig(min_count=2), None, features=("C1",))
     assert v.ids[0].tolist() == [5, 9, 7, 11]  # most frequent first, ties by smaller id
     assert v.counts[0].tolist() == [4, 4, 3, 2]
     assert v.table_sizes == (5,)  # 4 ids + the OOV row
     assert v.lookup(0, np.array([5, 9, 7, 11, 3, 12345])).tolist() == [1, 2, 3, 4, OOV_INDEX, OOV_INDEX]
-    capped = build_vocabulary(c, VocabConfig(min_count=1, max_size=2), features=("C1",))
+    capped = build_vocabulary(c, VocabConfig(min_count=1, max_size=2), None, features=("C1",))
     assert capped.ids[0].tolist() == [5, 9] and capped.table_sizes == (3,)
 
 
 def test_append_only_growth_keeps_every_index():
-    old = build_vocabulary(_counter([[1, 1, 2, 2, 2, 3]]), VocabConfig(min_count=2),
+    old = build_vocabulary(_counter([[1, 1, 2, 2, 2, 3]]), VocabConfig(min_count=2), None,
                            features=("C1",))
     assert old.ids[0].tolist() == [2, 1]
     new_day = _counter([[8, 8, 8, 1, 1, 9, 9, 4]])
@@ -79,7 +79,7 @@ def test_vocab_mode_counts_the_training_rows_like_plain_python(synthetic_tsv, tm
             take = block.sparse_present[: max(0, n_train - seen), j]
             counts[j].update(block.sparse[: len(take), j][take].tolist())
         seen += len(block)
-    vocab = load_vocabulary(out.vocabulary_path)
+    vocab = load_vocabulary(out.vocabulary_path, SPARSE_NAMES)
     for j in checked:
         want = {k: n for k, n in counts[j].items() if n >= 3}
         assert dict(zip(vocab.ids[j].tolist(), vocab.counts[j].tolist())) == want
@@ -102,7 +102,7 @@ def test_the_vocabulary_artifact_is_the_vocabulary_and_empty_when_ids_are_hashed
     pcfg = PreprocessConfig(ids="vocab", vocab=VocabConfig(min_count=2), row_group_size=8192)
     out = preprocess_criteo([rep.path], tmp_path / "out", pcfg)
     table = vocabulary_table(out.vocabulary_path)  # what the preprocess node logs to MLflow
-    vocab = load_vocabulary(out.vocabulary_path)
+    vocab = load_vocabulary(out.vocabulary_path, SPARSE_NAMES)
     assert table.num_rows == sum(len(a) for a in vocab.ids) > 0
     assert table.schema.equals(vocab_schema())
     c1 = table.filter(pc.equal(table.column("feature"), "C1"))

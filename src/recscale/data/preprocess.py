@@ -105,7 +105,7 @@ def _run_jobs(jobs, cfg, line_counts, total, results, progress) -> None:
 def _count_train_ids(files: Sequence[str | os.PathLike], offsets: np.ndarray, train_end: int,
                      chunk_bytes: int) -> IdCounter:
     """Per-feature id counts over the rows before ``train_end`` (rejected lines count nothing)."""
-    counter = IdCounter()
+    counter = IdCounter(NUM_SPARSE)
     for f, offset in zip(files, offsets):
         if offset >= train_end:
             break

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from recscale.config import ConfigError, Validated, check, check_choice, to_dict
 from recscale.data.criteo import (
     NUM_SPARSE,
+    SPARSE_NAMES,
     CriteoBlock,
     RejectedRowsError,
 )
@@ -251,8 +252,8 @@ def split_bounds(total: int, splits: Sequence[float]) -> np.ndarray:
 def resolve_vocabulary(counter: IdCounter, cfg: PreprocessConfig, out: Path) -> tuple[Vocabulary, str]:
     """Counts of the training rows -> the vocabulary (grown from ``cfg.vocab.path`` if given),
     saved as ``out/vocabulary.parquet``."""
-    existing = load_vocabulary(cfg.vocab.path) if cfg.vocab.path else None
-    vocab = build_vocabulary(counter, cfg.vocab, existing)
+    existing = load_vocabulary(cfg.vocab.path, SPARSE_NAMES) if cfg.vocab.path else None
+    vocab = build_vocabulary(counter, cfg.vocab, existing, SPARSE_NAMES)
     path = vocab.save(out / VOCAB_NAME)
     log.info("vocabulary: %d ids over %d features (min_count=%d, max_size=%s%s) -> %s",
              sum(len(a) for a in vocab.ids), len(vocab.ids), cfg.vocab.min_count,

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recscale.data.criteo import NUM_SPARSE, RejectLog, _parse_block
+from recscale.data.criteo import NUM_SPARSE, SPARSE_NAMES, RejectLog, _parse_block
 from recscale.data.processed import (
     SPLITS,
     FileResult,
@@ -181,7 +181,7 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
     def count(b):
         import pyarrow as pa
 
-        counter = IdCounter()
+        counter = IdCounter(NUM_SPARSE)
         quiet = RejectLog(path=None, max_fraction=1.0)  # the writing pass records the rejects
         line = b["first_line"]
         offset = b["row_base"] - b["first_line"] + 1
@@ -196,7 +196,7 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
 
     train = [b for b in blocks if b["row_base"] < train_end]
     if not train:
-        return IdCounter()
+        return IdCounter(NUM_SPARSE)
     counts = (_map_blocks(spark, train, count, "f int, id long, n long")
               .groupBy("f", "id").agg(F.sum("n").alias("n")))
     keep = F.col("n") >= cfg.vocab.min_count
@@ -207,7 +207,7 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
         counts = counts.join(F.broadcast(known), ["f", "id"], "left")
         keep = keep | F.col("known").isNotNull()
     table = counts.where(keep).select("f", "id", "n").toArrow()
-    counter = IdCounter()
+    counter = IdCounter(NUM_SPARSE)
     f = table.column("f").to_numpy()
     ids = table.column("id").to_numpy().astype(np.int64)
     n = table.column("n").to_numpy().astype(np.int64)
@@ -302,7 +302,7 @@ def preprocess_criteo_spark(
         progress(0, total)
     vocab, vocab_path, vocab_bc = None, None, None
     if cfg.ids == "vocab":
-        existing = load_vocabulary(cfg.vocab.path) if cfg.vocab.path else None
+        existing = load_vocabulary(cfg.vocab.path, SPARSE_NAMES) if cfg.vocab.path else None
         counter = _count_ids(spark, F, blocks, int(bounds[0]), cfg, existing)
         vocab, vocab_path = resolve_vocabulary(counter, cfg, out)
         table_sizes = np.asarray(vocab.table_sizes, dtype=np.int64)

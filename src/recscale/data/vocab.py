@@ -1,4 +1,4 @@
-"""Frequency-thresholded id vocabularies: each categorical feature's raw 32-bit ids -> contiguous
+"""Frequency-thresholded id vocabularies: each categorical feature's raw integer ids -> contiguous
 embedding rows.
 
 Counts come from the training rows only. An id seen at least ``min_count`` times gets a row; the
@@ -11,8 +11,8 @@ add the new counts to theirs); new ids that pass ``min_count`` on the new data g
 the existing ones, most frequent first, up to ``max_size``. A warm-started model's rows therefore
 stay aligned; its tables only grow.
 
-The artifact is a parquet file with one row per (feature, id): ``feature`` (C1..C26), ``id``
-(int64, the raw 32-bit id), ``index`` (int64, >= 1) and ``count`` (int64). Both preprocessing
+The artifact is a parquet file with one row per (feature, id): ``feature`` (its name), ``id``
+(int64, the raw id; a string id's stable hash), ``index`` (int64, >= 1) and ``count`` (int64). Both preprocessing
 engines build it with :func:`build_vocabulary` from per-feature counts, so they agree exactly.
 """
 
@@ -28,7 +28,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recscale.config import Validated, check
-from recscale.data.criteo import SPARSE_NAMES
 
 OOV_INDEX = 0
 VOCAB_NAME = "vocabulary.parquet"
@@ -66,7 +65,7 @@ class Vocabulary:
 
     ids: list[np.ndarray]
     counts: list[np.ndarray]
-    features: tuple[str, ...] = SPARSE_NAMES
+    features: tuple[str, ...]
 
     def __post_init__(self) -> None:
         self.ids = [np.asarray(a, dtype=np.int64) for a in self.ids]
@@ -114,8 +113,7 @@ def vocabulary_table(path: str | os.PathLike | None) -> pa.Table:
     return pq.read_table(path, schema=vocab_schema())
 
 
-def load_vocabulary(path: str | os.PathLike,
-                    features: Sequence[str] = SPARSE_NAMES) -> Vocabulary:
+def load_vocabulary(path: str | os.PathLike, features: Sequence[str]) -> Vocabulary:
     """Read a vocabulary artifact; raises VocabularyMismatch naming what does not fit."""
     table = pq.read_table(path)
     missing_cols = [c for c in vocab_schema().names if c not in table.column_names]
@@ -147,7 +145,7 @@ def load_vocabulary(path: str | os.PathLike,
 class IdCounter:
     """Per-feature id counts, accumulated chunk by chunk (memory: the distinct ids)."""
 
-    def __init__(self, num_features: int = len(SPARSE_NAMES)):
+    def __init__(self, num_features: int):
         self.ids = [np.zeros(0, np.int64) for _ in range(num_features)]
         self.counts = [np.zeros(0, np.int64) for _ in range(num_features)]
 
@@ -166,8 +164,7 @@ class IdCounter:
 
 
 def build_vocabulary(counter: IdCounter, cfg: VocabConfig,
-                     existing: Vocabulary | None = None,
-                     features: Sequence[str] = SPARSE_NAMES) -> Vocabulary:
+                     existing: Vocabulary | None, features: Sequence[str]) -> Vocabulary:
     """Counts -> vocabulary (module docstring: thresholds, order, append-only growth)."""
     ids, counts = [], []
     for j in range(len(features)):
