@@ -315,6 +315,6 @@ def test_the_loader_refuses_an_id_outside_its_table_naming_row_and_feature(tmp_p
     ok = make_loader([path], LoaderConfig(batch_size=64, table_rows=(10, 51)))
     assert sum(b.batch_size for b in ok) == n
     bad = make_loader([path], LoaderConfig(batch_size=64, table_rows=(10, 50)))
-    with pytest.raises(IdOutOfRange, match=r"row 1123 \(.*a.parquet, row group 1\): feature "
+    with pytest.raises(IdOutOfRange, match=r"^row 1123 \(.*a.parquet, row group 1\): feature "
                        r"item has id 50, not a row of its table \(\[0, 50\)\)"):
         list(bad)

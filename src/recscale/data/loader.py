@@ -229,6 +229,14 @@ def read_row_group(ref: RowGroupRef) -> Columns | BagColumns:
 class IdOutOfRange(ValueError):
     """A batch holds an id that is not a row of its feature's table."""
 
+    def __init__(self, message: str):
+        # torchdata re-raises a reader thread's error with the thread's traceback as its
+        # message (once per node it passes): keep the original message, which names the row
+        marker = f"{type(self).__name__}: "
+        if "Original Traceback" in message and marker in message:
+            message = message.rsplit(marker, 1)[1].strip()
+        super().__init__(message)
+
 
 def check_ids(cols: Columns | BagColumns, rows: Sequence[int], where: str) -> None:
     """Every present id of feature ``t`` in ``[0, rows[t])``; else IdOutOfRange naming the row,
