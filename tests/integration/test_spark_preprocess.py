@@ -197,7 +197,8 @@ def test_byte_blocks_hold_every_line_exactly_once(tmp_path, final_newline):
 
 def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, seed):
     """Parquet row groups, a day partition and a text file with rejects, every feature kind:
-    the Spark engine writes the same rows, rejects, vocabulary and fitted schema."""
+    worker processes and the Spark engine write the same rows, rejects, vocabulary and fitted
+    schema as one process."""
     import csv
 
     import pyarrow as pa
@@ -245,24 +246,29 @@ def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, see
     files = [tmp_path / "day=2026-01-01", tmp_path / "day=2026-01-02",
              tmp_path / "day=2026-01-03.csv"]
     got = {}
-    for engine in ("pyarrow", "spark"):
-        out = tmp_path / engine
+    for name, engine, workers in (("pyarrow", "pyarrow", 1), ("workers", "pyarrow", 2),
+                                  ("spark", "spark", 1)):
+        out = tmp_path / name
         cfg = PreprocessConfig(output_dir=str(out), engine=engine, row_group_size=300,
-                               max_reject_fraction=0.05)
+                               max_reject_fraction=0.05, workers=workers)
         rep = preprocess_table(files, out, cfg, schema, spark=spark)
         man = load_manifest(rep.manifest_path)
         tables = {s: pa.concat_tables([pq.read_table(f) for f in man["splits"][s]["files"]])
                   for s in SPLITS}
         with open(man["rejects_path"]) as fh:
             rejects = fh.read().splitlines()
-        got[engine] = (tables, man, rejects, pq.read_table(man["vocabulary_path"]))
-    (a, ma, ra, va), (b, mb, rb, vb) = got["pyarrow"], got["spark"]
-    assert ma["rows_rejected"] == mb["rows_rejected"] == 8 and len(ra) == 9
-    assert ra == [line.replace(str(tmp_path / "spark"), str(tmp_path / "pyarrow"))
-                  for line in rb]
-    for s in SPLITS:
-        assert a[s].equals(b[s]), s
-    assert ma["schema"] == mb["schema"] and ma["table_sizes"] == mb["table_sizes"]
-    assert ma["pooling_factors"] == mb["pooling_factors"]
-    assert va.equals(vb)
-    assert mb["engine"] == "spark" and ma["engine"] == "pyarrow"
+        got[name] = (tables, man, rejects, pq.read_table(man["vocabulary_path"]))
+    a, ma, ra, va = got["pyarrow"]
+    assert ma["rows_rejected"] == 8 and len(ra) == 9
+    for other in ("workers", "spark"):  # worker processes and Spark tasks: one part per unit
+        b, mb, rb, vb = got[other]
+        assert mb["rows_rejected"] == 8
+        assert ra == [line.replace(str(tmp_path / other), str(tmp_path / "pyarrow"))
+                      for line in rb]
+        for s in SPLITS:
+            assert a[s].equals(b[s]), (other, s)
+        assert len(mb["splits"]["train"]["files"]) > 1
+        assert ma["schema"] == mb["schema"] and ma["table_sizes"] == mb["table_sizes"]
+        assert ma["pooling_factors"] == mb["pooling_factors"]
+        assert va.equals(vb)
+    assert got["spark"][1]["engine"] == "spark" and ma["engine"] == "pyarrow"

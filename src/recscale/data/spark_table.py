@@ -26,18 +26,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 
-from recscale.data.criteo import RejectLog
 from recscale.data.encode import output_schema
 from recscale.data.processed import (
-    SPLITS,
     FileResult,
     PreprocessConfig,
     PreprocessReport,
-    SplitWriter,
     finish_preprocess,
     prepare_output,
     split_bounds,
@@ -49,7 +45,7 @@ from recscale.data.table_preprocess import (
     fit_schema,
     fit_unit,
     plan_units,
-    write_unit,
+    write_unit_part,
 )
 
 log = logging.getLogger(__name__)
@@ -71,21 +67,8 @@ def _session(spark):
 def _write_task(out: str, fitted, vocab_bc, cfg: PreprocessConfig, delimiter: str,
                 bounds: np.ndarray, units: Sequence[Unit]):
     def run(i: int) -> FileResult:
-        u = units[i]
         vocab = vocab_bc.value if vocab_bc is not None else None
-        rejects = RejectLog(path=Path(out) / "rejects" / f"part-{i:05d}.tsv", max_fraction=1.0)
-        writers = {s: SplitWriter(Path(out) / s / f"part-{i:05d}.parquet", cfg.row_group_size,
-                                  cfg.compression, keep_empty=False,
-                                  schema=output_schema(fitted)) for s in SPLITS}
-        try:
-            written, present = write_unit(u, fitted, vocab, cfg, delimiter, bounds, writers,
-                                          rejects)
-        finally:
-            rejects.close()
-            for w in writers.values():
-                w.close()
-        files = {s: (str(w.path), w.rows, w.row_groups) for s, w in writers.items() if w.rows}
-        return FileResult(i, files, written, rejects.count, dict(rejects.by_reason), present)
+        return write_unit_part(units[i], out, fitted, vocab, cfg, delimiter, bounds)
 
     return run
 

@@ -512,6 +512,39 @@ def write_unit(u: Unit, fitted: FittedSchema, vocab: Vocabulary | None, cfg: Pre
     return written, present
 
 
+def write_unit_part(u: Unit, out: str, fitted: FittedSchema, vocab: Vocabulary | None,
+                    cfg: PreprocessConfig, delimiter: str, bounds: np.ndarray) -> FileResult:
+    """One unit into parts of its own (``<split>/part-<unit>.parquet``,
+    ``rejects/part-<unit>.tsv``): what a worker process or a Spark task does."""
+    rejects = RejectLog(path=Path(out) / "rejects" / f"part-{u.index:05d}.tsv", max_fraction=1.0)
+    writers = {s: SplitWriter(Path(out) / s / f"part-{u.index:05d}.parquet", cfg.row_group_size,
+                              cfg.compression, keep_empty=False, schema=output_schema(fitted))
+               for s in SPLITS}
+    try:
+        written, present = write_unit(u, fitted, vocab, cfg, delimiter, bounds, writers, rejects)
+    finally:
+        rejects.close()
+        for w in writers.values():
+            w.close()
+    files = {s: (str(w.path), w.rows, w.row_groups) for s, w in writers.items() if w.rows}
+    return FileResult(u.index, files, written, rejects.count, dict(rejects.by_reason), present)
+
+
+def _in_processes(fn, args: list[tuple], workers: int, done: Callable[[int], None]) -> list:
+    """``fn(*a)`` for each of ``args`` in ``workers`` spawned processes, results in order."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = [None] * len(args)
+    with ProcessPoolExecutor(max_workers=min(workers, len(args)),
+                             mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+        for fut in futures:  # in order; a worker's error re-raises here
+            out[futures[fut]] = fut.result()
+            done(futures[fut])
+    return out
+
+
 def fit_schema(schema: FeatureSchema, cfg: PreprocessConfig, out: Path,
                fits: Sequence[tuple[IdCounter, list]]) -> tuple[FittedSchema, Vocabulary | None,
                                                                str | None]:
@@ -561,15 +594,31 @@ def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,
                              cfg: PreprocessConfig, schema: FeatureSchema, delimiter: str = ",",
                              progress: Callable[[int, int], None] | None = None
                              ) -> PreprocessReport:
-    """``recscale.data.preprocess.preprocess_table`` on this host, in one process; ``files``
-    already expanded and checked (``source_files``, ``check_columns``)."""
+    """``recscale.data.preprocess.preprocess_table`` on this host: in this process (one part
+    per split), or with ``preprocess.workers`` > 1 in that many processes, one unit each at a
+    time (a part per unit, the rows the same); ``files`` already expanded and checked
+    (``source_files``, ``check_columns``)."""
     out = prepare_output(out_dir)
     units = plan_units(files, delimiter)
     total = int(sum(u.rows for u in units))
     bounds = split_bounds(total, cfg.splits)
-    fits = [fit_unit(u, schema, cfg, delimiter, int(bounds[0])) for u in units
-            if u.row_base < bounds[0]] if _needs_fit(schema) else []
+    parallel = cfg.workers > 1 and len(units) > 1
+    train = [u for u in units if u.row_base < bounds[0]] if _needs_fit(schema) else []
+    fit_args = [(u, schema, cfg, delimiter, int(bounds[0])) for u in train]
+    fits = _in_processes(fit_unit, fit_args, cfg.workers, lambda i: None) if parallel and \
+        len(train) > 1 else [fit_unit(*a) for a in fit_args]
     fitted, vocab, vocab_path = fit_schema(schema, cfg, out, fits)
+    if parallel:  # one part per unit, as Spark writes them; the threshold checked at the end
+        def unit_done(i: int) -> None:
+            if progress:
+                progress(units[i].row_base + units[i].rows, total)
+
+        results = _in_processes(write_unit_part, [
+            (u, str(out), fitted, vocab, cfg, delimiter, bounds) for u in units], cfg.workers,
+            unit_done)
+        return finish_preprocess(out, files, cfg, total, results,
+                                 np.asarray(fitted.table_rows, np.int64), vocab_path,
+                                 fitted=fitted, file_schema=output_schema(fitted))
     rejects_log = RejectLog(path=out / "rejects" / "part-00000.tsv", total_lines=total,
                             max_fraction=cfg.max_reject_fraction)
     writers = {s: SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size,
