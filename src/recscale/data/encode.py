@@ -28,7 +28,8 @@ class Parsed:
     n: int
     label: np.ndarray  # int8
     dense: list[tuple[np.ndarray, np.ndarray]]  # per dense feature: raw float64, present
-    keys: list[tuple[np.ndarray, np.ndarray]]  # per sparse input: lengths [n], flat int64 keys
+    # per sparse feature: (lengths [n], flat int64 keys), or RowIds
+    keys: list[tuple[np.ndarray, np.ndarray] | RowIds]
     bad: np.ndarray  # bool [n]
     reasons: dict[int, str] = field(default_factory=dict)  # row in block -> first reason
 
@@ -37,6 +38,16 @@ class Parsed:
             if not self.bad[r]:
                 self.bad[r] = True
                 self.reasons[int(r)] = reason(int(r))
+
+
+@dataclass
+class RowIds:
+    """A categorical feature's ids laid out one per row, as a reader with a column per feature
+    has them (the Criteo TSV's): ``ids[i]`` is row i's id, any value where not ``present[i]``.
+    ``Parsed.keys`` takes it in place of (lengths, keys), which saves a gather and a scatter."""
+
+    present: np.ndarray  # bool [n]
+    ids: np.ndarray  # int64 [n]
 
 
 def split_keys(lengths: np.ndarray, keys: np.ndarray, keep: np.ndarray):
@@ -65,21 +76,23 @@ def encode(p: Parsed, fitted: FittedSchema, vocab: Vocabulary | None,
     ``ids: vocab`` features, in their order."""
     schema = fitted.schema
     sizes = dict(zip(fitted.table_names, fitted.table_rows))
-    ids: list[tuple[np.ndarray, np.ndarray]] = []
+    ids: list[tuple[np.ndarray, np.ndarray] | RowIds] = []
     vocab_pos = {f.name: k for k, f in enumerate(f for f in schema.sparse if f.ids == "vocab")}
-    for f, (lengths, keys) in zip(schema.sparse, p.keys):
+    for f, entry in zip(schema.sparse, p.keys):
+        keys = entry.ids if isinstance(entry, RowIds) else entry[1]
         size = sizes[f.table_name]
         if f.ids == "vocab":
             mapped = vocab.lookup(vocab_pos[f.name], keys)
-        elif f.ids == "index":  # checked by parse_block: every id is in [0, size)
+        elif f.ids == "index":  # checked by the reader: every id is in [0, size)
             mapped = keys
         else:
             mapped = keys % size
-        ids.append((lengths, mapped.astype(np.int64)))
+        mapped = mapped.astype(np.int64, copy=False)
+        ids.append(RowIds(entry.present, mapped) if isinstance(entry, RowIds)
+                   else (entry[0], mapped))
     for f, (x, present) in zip(schema.dense, p.dense):
         if f.boundaries is not None:
-            lengths = present.astype(np.int64)
-            ids.append((lengths, f.bucket(x[present], fitted.stats.get(f.name))))
+            ids.append(RowIds(present, f.bucket(x, fitted.stats.get(f.name))))
     keep = ~p.bad
     everything = bool(keep.all())
     bags = any(f.kind == "multi_hot" for f in schema.sparse_inputs)
@@ -90,10 +103,21 @@ def encode(p: Parsed, fitted: FittedSchema, vocab: Vocabulary | None,
             v = f.apply(x, present, fitted.stats.get(f.name))
             cols.append(pa.array(v if everything else v[keep]))
     present_ids = np.zeros(len(ids), np.int64)
-    for j, (lengths, mapped) in enumerate(ids):
-        if not everything:
-            lengths, mapped = split_keys(lengths, mapped, keep)
-        present_ids[j] = len(mapped)
+    for j, entry in enumerate(ids):
+        if isinstance(entry, RowIds):
+            present, mapped = entry.present, entry.ids
+            if not everything:
+                present, mapped = present[keep], mapped[keep]
+            present_ids[j] = int(np.count_nonzero(present))
+            if not bags:  # one nullable id column: the values under the mask are not stored
+                cols.append(pa.array(mapped, mask=~present))
+                continue
+            lengths, mapped = present.astype(np.int64), mapped[present]
+        else:
+            lengths, mapped = entry
+            if not everything:
+                lengths, mapped = split_keys(lengths, mapped, keep)
+            present_ids[j] = len(mapped)
         if bags:
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             cols.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(mapped, pa.int64())))

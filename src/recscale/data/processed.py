@@ -26,7 +26,7 @@ from recscale.data.criteo import (
     CriteoBlock,
     RejectedRowsError,
 )
-from recscale.data.encode import Parsed, encode, output_schema
+from recscale.data.encode import Parsed, RowIds, encode, output_schema
 from recscale.data.schema import FittedSchema, criteo_schema
 from recscale.data.vocab import (
     VOCAB_NAME,
@@ -123,7 +123,7 @@ def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray
         n, block.label.astype(np.int8, copy=False),
         [(block.dense[:, j].astype(np.float64), block.dense_present[:, j])
          for j in range(block.dense.shape[1])],
-        [(present[:, j].astype(np.int64), block.sparse[present[:, j], j].astype(np.int64))
+        [RowIds(present[:, j], block.sparse[:, j].astype(np.int64))
          for j in range(block.sparse.shape[1])],
         np.zeros(n, bool))
     fitted = criteo_fitted(table_sizes, "hash" if vocab is None else "vocab")

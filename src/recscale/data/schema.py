@@ -133,7 +133,8 @@ class DenseFeature(Validated):
         """The transforms but ``bucketize`` on raw values (float64); ``stats``: the fitted mean
         and std of ``standardize``. ``until_standardize``: stop before it (what its statistics
         are fitted on)."""
-        x = raw.astype(np.float64)
+        # float64 input is not copied: every step below makes a new array
+        x = np.asarray(raw, dtype=np.float64)
         for t in self.transforms:
             if t == "log1p":
                 x = np.log1p(x)
