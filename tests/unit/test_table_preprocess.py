@@ -318,3 +318,13 @@ def test_the_loader_refuses_an_id_outside_its_table_naming_row_and_feature(tmp_p
     with pytest.raises(IdOutOfRange, match=r"^row 1123 \(.*a.parquet, row group 1\): feature "
                        r"item has id 50, not a row of its table \(\[0, 50\)\)"):
         list(bad)
+
+
+def test_hex_ids_read_as_their_value(rng):
+    from recscale.data.table_parse import _hex_values
+
+    words = [" 0", "ff", "DeadBeef", "0123456789abcdef", "7fffffffffffffff"] + \
+        [f"{int(v):x}" for v in rng.integers(0, 2**62, 200)]
+    want = [int(w, 16) for w in words]
+    assert _hex_values(pa.array(words)).tolist() == want
+    assert _hex_values(pa.array(["ffffffffffffffff"])).tolist() == [-1]  # the 64-bit pattern

@@ -33,11 +33,11 @@ COLUMN_NAMES = ("label",) + DENSE_NAMES + SPARSE_NAMES
 
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 # byte -> nibble value; 255 marks a byte that is not a hex digit
-_HEX_LUT = np.full(256, 255, dtype=np.uint8)
+HEX_LUT = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
-    _HEX_LUT[_c] = _i
+    HEX_LUT[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
-    _HEX_LUT[_c] = 10 + _i
+    HEX_LUT[_c] = 10 + _i
 
 
 class RejectedRowsError(RuntimeError):
@@ -173,7 +173,7 @@ def _parse_hex(col: pa.ChunkedArray, n: int) -> tuple[np.ndarray, np.ndarray, np
         filled = filled.combine_chunks()
     offsets = np.frombuffer(filled.buffers()[1], dtype=np.int32)[filled.offset : filled.offset + n + 1]
     raw = np.frombuffer(filled.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
-    nib = _HEX_LUT[raw.reshape(n, 8)]
+    nib = HEX_LUT[raw.reshape(n, 8)]
     nonhex = (nib == 255).any(axis=1)
     bad |= good & nonhex
     nib = np.where(nib == 255, 0, nib).astype(np.uint32)

@@ -48,6 +48,8 @@ from recscale.data.synthetic import (
     _sigmoid,
     raw_ids,
 )
+from recscale.data.table_preprocess import preprocess_table_pyarrow
+from recscale.data.table_source import check_columns, source_files
 from recscale.evaluate.metrics import auc_score
 
 log = logging.getLogger(__name__)
@@ -185,12 +187,6 @@ def preprocess_multihot(
     if cfg.engine != "pyarrow" or cfg.ids != "hash":
         raise ConfigError(f"multi-hot input is preprocessed with preprocess.engine='pyarrow' and "
                           f"preprocess.ids='hash' only (got engine={cfg.engine!r}, ids={cfg.ids!r})")
-    from recscale.data.table_preprocess import (
-        check_columns,
-        preprocess_table_pyarrow,
-        source_files,
-    )
-
     schema = multihot_schema(cfg.resolve_table_sizes(table_size_hint), cfg.max_bag_size)
     files = source_files(files)
     check_columns(files, schema, ",")

@@ -48,7 +48,8 @@ from recscale.data.processed import (  # noqa: F401  (SPLITS, PreprocessConfig, 
 from recscale.data.schema import FeatureSchema
 from recscale.data.spark_preprocess import preprocess_criteo_spark
 from recscale.data.spark_table import preprocess_table_spark
-from recscale.data.table_preprocess import check_columns, preprocess_table_pyarrow, source_files
+from recscale.data.table_preprocess import preprocess_table_pyarrow
+from recscale.data.table_source import check_columns, source_files
 from recscale.data.vocab import IdCounter, Vocabulary
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from recscale.config import ConfigError
 from recscale.data.multihot import preprocess_multihot
 from recscale.data.preprocess import preprocess_criteo, preprocess_table
 from recscale.data.source import prepare_raw
-from recscale.data.table_preprocess import write_rows
+from recscale.data.table_source import write_rows
 from recscale.data.vocab import vocabulary_table
 from recscale.pipelines.common import as_metrics
 from recscale.progress import Progress

@@ -1,0 +1,170 @@
+"""A block of a table's rows -> ``Parsed`` (``recscale.data.encode``): raw dense values with
+their presence, each sparse feature's raw ids as int64 keys (integers as they are, strings by
+their stable hash, hex digits by value), lists cut by their truncation rule, and every row that
+cannot be used marked with its reason: a label that is not 0 or 1, a dense value that is not a
+number, an id not of its ``id_type``, an id below ``min_id`` or outside its table (``ids:
+index``), a null inside a list, a list too long. Vectorised over the block (Arrow compute and
+numpy); Python runs once per rejected row only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recscale.data.criteo import HEX_LUT
+from recscale.data.encode import Parsed
+from recscale.data.schema import FeatureSchema, SparseFeature, stable_hash
+
+_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+_INTEGER = r"^\s*[-+]?\d+\s*$"
+_HEX = r"^\s*[0-9a-fA-F]{1,16}\s*$"
+
+
+def _strings(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return col if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) \
+        else pc.cast(col, pa.string())
+
+
+def _numbers(col, name: str, p: Parsed, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """A column -> (float64 values, present); a value that is not a number rejects its row."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        empty = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True)
+        ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER), False)
+        bad = ~np.asarray(pc.or_(empty, ok).to_numpy(zero_copy_only=False), dtype=bool)
+        vals = col.to_numpy(zero_copy_only=False)
+        p.reject(bad, lambda r: f"{what}: {name}={str(vals[r])[:40]!r} is not a number")
+        col = pc.if_else(ok, col, pa.scalar(None, col.type)).cast(pa.float64())
+    col = col.cast(pa.float64())
+    x = col.to_numpy(zero_copy_only=False)
+    present = ~np.isnan(x)
+    return np.where(present, x, 0.0), present
+
+
+def reject_values(where: np.ndarray, out: np.ndarray, shown: np.ndarray, p: Parsed,
+                  reason: Callable[[object], str]) -> None:
+    """The rows holding a value flagged in ``out`` are rejected (``where[i]``: the block row of
+    value ``i``), ``reason(value)`` naming each row's first such value."""
+    bad = np.zeros(p.n, bool)
+    bad[where[out]] = True
+    first: dict[int, object] = {}
+    for i in np.flatnonzero(out):
+        first.setdefault(int(where[i]), shown[i])
+    p.reject(bad, lambda r: reason(first[r]))
+
+
+def _hex_values(s: pa.Array) -> np.ndarray:
+    """Strings of 1-16 hex digits (already checked) -> their values, as int64 (the 64-bit
+    pattern): left-padded to 16 digits, one table lookup per byte."""
+    padded = pc.utf8_lpad(pc.utf8_trim_whitespace(s), 16, "0").cast(pa.large_string())
+    offsets = np.frombuffer(padded.buffers()[1], dtype=np.int64)[
+        padded.offset: padded.offset + len(padded) + 1]
+    raw = np.frombuffer(padded.buffers()[2], dtype=np.uint8)[offsets[0]: offsets[-1]]
+    nib = HEX_LUT[raw.reshape(len(padded), 16)].astype(np.uint64)
+    shifts = np.arange(60, -4, -4, dtype=np.uint64)
+    return np.bitwise_or.reduce(nib << shifts[None, :], axis=1).view(np.int64)
+
+
+def _keys(values: pa.Array, f: SparseFeature, where: np.ndarray, p: Parsed) -> np.ndarray:
+    """Raw ids (int or string values) -> int64 keys; a value not of ``id_type`` rejects its row
+    (``where[i]``: the block row of value ``i``)."""
+    if f.id_type == "int" and pa.types.is_integer(values.type):
+        return values.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if f.id_type == "int" and pa.types.is_floating(values.type):
+        x = values.to_numpy(zero_copy_only=False).astype(np.float64)
+        whole = np.isfinite(x) & (x == np.round(x)) & (np.abs(x) < 2.0**63)
+        if not whole.all():
+            reject_values(where, ~whole, x, p,
+                          lambda v: f"bad id: {f.name}={float(v)!r} is not an integer")
+        return np.where(whole, x, 0).astype(np.int64)
+    s = _strings(values)
+    if f.id_type == "string":
+        return stable_hash(s)
+    pattern = _INTEGER if f.id_type == "int" else _HEX
+    ok = np.asarray(pc.fill_null(pc.match_substring_regex(s, pattern), False)
+                    .to_numpy(zero_copy_only=False), dtype=bool)
+    if not ok.all():
+        kind = "an integer" if f.id_type == "int" else "hexadecimal"
+        reject_values(where, ~ok, s.to_numpy(zero_copy_only=False), p,
+                      lambda v: f"bad id: {f.name}={str(v)[:40]!r} is not {kind}")
+    good = pc.if_else(pa.array(ok), s, pa.scalar("0", s.type))
+    if f.id_type == "int":
+        return pc.cast(pc.utf8_trim_whitespace(good), pa.int64()).to_numpy(zero_copy_only=False)
+    return _hex_values(good)
+
+
+def _bags(col, f: SparseFeature, max_bag: int, p: Parsed) -> tuple[np.ndarray, np.ndarray]:
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if f.kind == "categorical":
+        present = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            present &= ~np.asarray(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True)
+                                   .to_numpy(zero_copy_only=False), dtype=bool)
+        rows = np.flatnonzero(present)
+        keys = _keys(col.filter(pa.array(present)), f, rows, p) if len(rows) else \
+            np.zeros(0, np.int64)
+        return present.astype(np.int64), keys
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = pc.if_else(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True),
+                         pa.scalar(None, col.type), col)
+        col = pc.split_pattern(col, f.delimiter)
+    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    lengths = lengths.astype(np.int64)
+    flat = pc.list_flatten(col)
+    row_of = np.repeat(np.arange(p.n), lengths)
+    nulls = ~np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if nulls.any():
+        bad = np.zeros(p.n, bool)
+        bad[row_of[nulls]] = True
+        p.reject(bad, lambda r: f"null in list: {f.name} holds a null id")
+    limit = f.max_len or max_bag
+    keep = np.ones(len(row_of), bool)
+    if (lengths > limit).any():
+        if f.truncate == "reject":
+            p.reject(lengths > limit, lambda r: f"list too long: {f.name} holds {lengths[r]} ids, "
+                     f"more than max_len={limit} (truncate: reject)")
+        else:
+            pos = np.arange(len(row_of)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            from_end = np.repeat(lengths, lengths) - 1 - pos
+            keep = (pos if f.truncate == "keep_first" else from_end) < limit
+    keep &= ~nulls
+    keys = _keys(pc.filter(flat, pa.array(keep)), f, row_of[keep], p) if keep.any() else \
+        np.zeros(0, np.int64)
+    lengths = np.bincount(row_of[keep], minlength=p.n).astype(np.int64)
+    return lengths, keys
+
+
+def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int) -> Parsed:
+    n = t.num_rows
+    p = Parsed(n, np.zeros(n, np.int8), [], [], np.zeros(n, bool))
+    lab, lab_present = _numbers(t.column(schema.label), schema.label, p, "bad label")
+    ok = lab_present & ((lab == 0) | (lab == 1))
+    p.reject(~ok & ~p.bad, lambda r: f"bad label: {schema.label}="
+             f"{f'{lab[r]:g}' if lab_present[r] else 'missing'} is not 0 or 1")
+    p.label = np.where(ok, lab, 0).astype(np.int8)
+    for f in schema.dense:
+        p.dense.append(_numbers(t.column(f.source), f.name, p, "bad dense value"))
+    for f in schema.sparse:
+        lengths, keys = _bags(t.column(f.source), f, max_bag, p)
+        if f.min_id is not None and (keys < f.min_id).any():
+            reject_values(np.repeat(np.arange(p.n), lengths), keys < f.min_id, keys, p,
+                          lambda v, f=f: f"negative id: {f.name}={int(v)}" if f.min_id == 0
+                          else f"id below min_id: {f.name}={int(v)} < {f.min_id}")
+        if f.ids == "index":
+            _check_range(lengths, keys, f, int(schema.table_of(f.table_name).rows), p)
+        p.keys.append((lengths, keys))
+    return p
+
+
+def _check_range(lengths: np.ndarray, keys: np.ndarray, f: SparseFeature, size: int,
+                 p: Parsed) -> None:
+    """``ids: index``: an id outside [0, size) rejects its row (before anything is fitted)."""
+    out = (keys < 0) | (keys >= size)
+    if out.any():
+        reject_values(np.repeat(np.arange(p.n), lengths), out, keys, p,
+                      lambda v: f"id outside table: {f.name}={int(v)} is not in [0, {size}) "
+                      f"(table {f.table_name})")
