@@ -7,6 +7,7 @@ import torch
 from recscale.config import parse
 from recscale.distributed import LaunchConfig, launch
 from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags, table_init
+from recscale.embedding.features import FeatureBags
 from recscale.model import DLRM, ModelConfig
 from recscale.runconfig import TrainConfig
 from recscale.train import TrainStep
@@ -51,6 +52,20 @@ def dcn_scenarios():
             for opt in OPTS]
 
 
+SHARED_DIMS = [8, 16, 8, 12]
+
+
+def shared_scenarios():
+    """Features sharing tables (f4 on t2, f5 on t1) and mean pooling (``W.SHARED_POOLING``), at
+    mixed dims through the cat interaction; t2, the shared table under test, takes every
+    sharding type."""
+    steps = W.make_global_batches(3, seed=7, max_len=4, feature_tables=W.SHARED_TABLES)
+    return [{"name": f"shared/{kind}/{opt}", "optimizer": opt, "shared": True, "steps": steps,
+             "kinds": ["table_wise", "data_parallel", kind, "row_wise"], "dims": SHARED_DIMS,
+             "model": {**W.MODEL, "interaction": "cat"}}
+            for kind in KINDS for opt in OPTS]
+
+
 @pytest.fixture(scope="module")
 def steps():
     return W.make_global_batches(4)
@@ -60,16 +75,18 @@ def steps():
 def distributed(steps):
     cfg = LaunchConfig(world_size=2, collective_timeout_s=60)
     results = launch(W.parity_worker,
-                     (scenarios() + dcn_scenarios() + mixed_dim_scenarios(), steps), cfg)
+                     (scenarios() + dcn_scenarios() + mixed_dim_scenarios()
+                      + shared_scenarios(), steps), cfg)
     return results[0]
 
 
 def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_params=None,
-              table_dims=None):
+              table_dims=None, shared: bool = False):
     """Single process, all tables in one fused module, mean loss over each global batch.
     ``split_columns``: tables kept as two column halves with their own optimizer state (what
     column sharding does with row-wise Adagrad), same layout and initial values;
-    ``table_dims``: each table's dim (default ``W.DIM``)."""
+    ``table_dims``: each table's dim (default ``W.DIM``); ``shared``: the features of
+    ``W.SHARED_TABLES`` with ``W.SHARED_POOLING`` over the one fused module."""
     table_dims = table_dims or [W.DIM] * len(W.ROWS)
     tcfg = parse(TrainConfig, {"embedding_optimizer": {"name": optimizer, "learning_rate": 0.2},
                                "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
@@ -85,12 +102,17 @@ def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_
             feat.append(t)
     emb = FusedEmbeddingBags(rows, dims, EmbeddingOptimizerConfig(optimizer, 0.2),
                              initial_weights=inits)
+    if shared:
+        emb = FeatureBags(emb, W.SHARED_TABLES, W.SHARED_POOLING)
+        dims = list(emb.dims)
     model = DLRM(W.NUM_DENSE, dims if model_params and model_params.get("interaction") != "dot"
                  else len(W.ROWS), parse(ModelConfig, model_params or W.MODEL, "model"), emb, seed=3)
     step = TrainStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer))
 
     def widen(g):  # repeat the features of split tables so each half gets its ids
         batch = W.to_batch(g)
+        if shared:
+            return batch
         lengths = batch.sparse.lengths
         off = batch.sparse.offsets()
         b = lengths.shape[1]
@@ -171,4 +193,17 @@ def test_tables_of_different_dims_train_like_one_process_under_every_sharding_ty
                                       table_dims=sc["dims"])
     assert [t.shape[1] for t in got["tables"]] == sc["dims"]
     assert got["pooled"].shape[1] == sum(sc["dims"])
+    assert_equals_single_process(got, pooled, tables, dense)
+
+
+@pytest.mark.parametrize("sc", shared_scenarios(), ids=lambda s: s["name"])
+def test_features_sharing_tables_with_mean_pooling_train_like_one_process(distributed, sc):
+    """Two features on one table (every sharding type for it), mean and sum pooling, mixed dims:
+    the pooled output, the shared tables after training and the dense weights equal the
+    unsharded module's."""
+    got = distributed[sc["name"]]
+    pooled, tables, dense = reference(sc["optimizer"], sc["steps"], model_params=sc["model"],
+                                      table_dims=sc["dims"], shared=True)
+    assert [t.shape[1] for t in got["tables"]] == sc["dims"]  # one table each, not per feature
+    assert got["pooled"].shape[1] == sum(sc["dims"][t] for t in W.SHARED_TABLES)
     assert_equals_single_process(got, pooled, tables, dense)

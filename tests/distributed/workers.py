@@ -23,23 +23,29 @@ DIM = 8
 NUM_DENSE = 5
 FEATURES = tuple(f"f{i}" for i in range(len(ROWS)))
 MODEL = {"embedding_dim": DIM, "bottom_mlp": [16, DIM], "top_mlp": [16, 1]}
+# shared tables: f4 looks up t2 (the table under test of the parity scenarios), f5 looks up t1;
+# some features averaged
+SHARED_TABLES = (0, 1, 2, 3, 2, 1)
+SHARED_POOLING = ("sum", "mean", "sum", "mean", "mean", "sum")
+SHARED_FEATURES = tuple(f"f{i}" for i in range(len(SHARED_TABLES)))
 
 
 MODEL_DCN = {**MODEL, "interaction": "dcn", "dcn": {"num_layers": 2, "low_rank": 4}}
 
 
-def make_global_batches(n: int, sizes=(7, 10), seed: int = 0,
-                        max_len: int = 3) -> list[list[dict]]:
+def make_global_batches(n: int, sizes=(7, 10), seed: int = 0, max_len: int = 3,
+                        feature_tables=None) -> list[list[dict]]:
     """n steps; per step one part per rank (uneven sizes), as plain numpy dicts; bags of 0 to
-    ``max_len`` ids."""
+    ``max_len`` ids; ``feature_tables``: each feature's table (default one per table)."""
     rng = np.random.default_rng(seed)
+    tables = list(range(len(ROWS))) if feature_tables is None else list(feature_tables)
     steps = []
     for _ in range(n):
         parts = []
         for b in sizes:
-            lengths = rng.integers(0, max_len + 1, size=(len(ROWS), b))
-            values = np.concatenate([rng.integers(0, r, size=int(lengths[t].sum()))
-                                     for t, r in enumerate(ROWS)])
+            lengths = rng.integers(0, max_len + 1, size=(len(tables), b))
+            values = np.concatenate([rng.integers(0, ROWS[t], size=int(lengths[f].sum()))
+                                     for f, t in enumerate(tables)])
             parts.append({"dense": rng.normal(size=(b, NUM_DENSE)).astype(np.float32),
                           "lengths": lengths, "values": values,
                           "labels": rng.integers(0, 2, b).astype(np.float32)})
@@ -49,8 +55,9 @@ def make_global_batches(n: int, sizes=(7, 10), seed: int = 0,
 
 def to_batch(part: dict) -> Batch:
     b = part["dense"].shape[0]
+    keys = FEATURES if len(part["lengths"]) == len(FEATURES) else SHARED_FEATURES
     return Batch(torch.from_numpy(part["dense"]),
-                 SparseFeatures(FEATURES, torch.from_numpy(part["values"]).long(),
+                 SparseFeatures(keys, torch.from_numpy(part["values"]).long(),
                                 torch.from_numpy(part["lengths"]).long()),
                  torch.from_numpy(part["labels"]), torch.arange(b))
 
@@ -59,7 +66,7 @@ def concat_parts(parts: list[dict]) -> dict:
     """The global batch a single process sees: ranks' samples in rank order."""
     lengths = np.concatenate([p["lengths"] for p in parts], axis=1)
     values = []
-    for t in range(len(ROWS)):
+    for t in range(lengths.shape[0]):
         for p in parts:
             off = np.concatenate([[0], np.cumsum(p["lengths"].reshape(-1))])
             b = p["lengths"].shape[1]
@@ -88,11 +95,14 @@ def layout(kind: str, rows: int, home: int, dim: int = DIM) -> tuple[str, tuple[
     raise ValueError(kind)
 
 
-def make_plan(kinds: list[str], dim: int | list[int] = DIM) -> ShardingPlan:
-    """``dim``: one for every table, or one per table."""
+def make_plan(kinds: list[str], dim: int | list[int] = DIM, feature_tables=None) -> ShardingPlan:
+    """``dim``: one for every table, or one per table; ``feature_tables``: each feature's table
+    (features named f0, f1, ...; default one per table)."""
     dims = [dim] * len(ROWS) if isinstance(dim, int) else list(dim)
-    base = plan_sharding([TableSpec(f"t{i}", r, d, feature_names=(f,))
-                          for i, (r, d, f) in enumerate(zip(ROWS, dims, FEATURES))],
+    tables = list(range(len(ROWS))) if feature_tables is None else list(feature_tables)
+    names = [tuple(f"f{j}" for j, t in enumerate(tables) if t == i) for i in range(len(ROWS))]
+    base = plan_sharding([TableSpec(f"t{i}", r, d, feature_names=fs)
+                          for i, (r, d, fs) in enumerate(zip(ROWS, dims, names))],
                          Topology.preset("cpu-local", world_size=2), 16)
     tables = []
     for i, (tp, kind) in enumerate(zip(base.tables, kinds)):
@@ -122,9 +132,14 @@ def _parity(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dict]]) 
                                    "dense_optimizer": {"name": "sgd", "learning_rate": 0.1},
                                    "seed": 3}, "train")
         stats = CommStats()
-        model = build_sharded_model(ctx, make_plan(sc["kinds"], sc.get("dims", DIM)),
-                                    parse(ModelConfig, sc.get("model", MODEL), "model"),
-                                    tcfg, stats, feature_names=FEATURES, num_dense=NUM_DENSE)
+        shared = sc.get("shared", False)
+        model = build_sharded_model(
+            ctx, make_plan(sc["kinds"], sc.get("dims", DIM),
+                           SHARED_TABLES if shared else None),
+            parse(ModelConfig, sc.get("model", MODEL), "model"), tcfg, stats,
+            feature_names=SHARED_FEATURES if shared else FEATURES, num_dense=NUM_DENSE,
+            feature_tables=SHARED_TABLES if shared else None,
+            pooling=SHARED_POOLING if shared else None)
         first = to_batch(steps[0][ctx.rank])
         with torch.no_grad():
             pooled = model.embeddings(first.sparse)

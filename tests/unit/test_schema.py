@@ -52,8 +52,15 @@ def test_a_schema_parses_with_its_defaults_and_the_preset_is_criteos():
     ({"tables": [{"name": "nobody"}]},
      r"features.tables\[0\].name='nobody' is not allowed: expected the table of a sparse "
      r"feature"),
-    ({"sparse": [{"name": "a", "table": "t"}, {"name": "b", "table": "t"}], "tables": []},
-     r"features.sparse\[0\].table='t' is not allowed yet: features a and b would share it"),
+    ({"sparse": [{"name": "a", "table": "t"}, {"name": "b", "table": "t", "ids": "vocab"}],
+      "tables": []},
+     r"features.sparse\[1\].ids='vocab' is not allowed: expected 'hash', as features.sparse\[0\] "
+     r"\(a\), which shares table 't' with it"),
+    ({"sparse": [{"name": "a", "table": "t", "id_type": "string"}, {"name": "b", "table": "t"}],
+      "tables": []},
+     r"features.sparse\[1\].id_type='int' is not allowed: expected 'string'"),
+    ({"sparse": [{"name": "a", "pooling": "max"}], "tables": []},
+     r"features.sparse\[0\].pooling='max' is not allowed: expected one of 'sum', 'mean'"),
     ({"sparse": []}, r"features.sparse=\[\] is not allowed: expected at least one sparse"),
 ])
 def test_a_bad_schema_is_refused_naming_the_key(change, match):

@@ -73,16 +73,15 @@ def encode(p: Parsed, fitted: FittedSchema, vocab: Vocabulary | None,
            rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
     """Parsed rows -> the output table of the rows that pass (``rows``: the block's global row
     numbers), and per sparse input the number of ids written. ``vocab``: the vocabulary of the
-    ``ids: vocab`` features, in their order."""
+    ``ids: vocab`` tables, in ``schema.vocab_tables`` order."""
     schema = fitted.schema
     sizes = dict(zip(fitted.table_names, fitted.table_rows))
     ids: list[tuple[np.ndarray, np.ndarray] | RowIds] = []
-    vocab_pos = {f.name: k for k, f in enumerate(f for f in schema.sparse if f.ids == "vocab")}
     for f, entry in zip(schema.sparse, p.keys):
         keys = entry.ids if isinstance(entry, RowIds) else entry[1]
         size = sizes[f.table_name]
         if f.ids == "vocab":
-            mapped = vocab.lookup(vocab_pos[f.name], keys)
+            mapped = vocab.lookup(schema.vocab_index(f), keys)
         elif f.ids == "index":  # checked by the reader: every id is in [0, size)
             mapped = keys
         else:

@@ -40,6 +40,7 @@ SPARSE_KINDS = ("categorical", "multi_hot")
 ID_TYPES = ("int", "hex", "string")  # hex: Criteo's 8-hex-digit ids
 ID_POLICIES = ("hash", "vocab", "index")
 TRUNCATE = ("reject", "keep_first", "keep_last")
+POOLING = ("sum", "mean")
 _FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 
 
@@ -185,6 +186,7 @@ class SparseFeature(Validated):
     truncate: Literal["reject", "keep_first", "keep_last"] = "reject"
     delimiter: str = "|"  # multi_hot in a text source: the list's separator
     min_id: int | None = None  # id_type int: a smaller id rejects its row (null: any integer)
+    pooling: Literal["sum", "mean"] = "sum"  # a bag's ids summed, or averaged (an empty bag: 0)
 
     @property
     def source(self) -> str:
@@ -201,6 +203,7 @@ class SparseFeature(Validated):
         check_choice(f"{prefix}.id_type", self.id_type, ID_TYPES)
         check_choice(f"{prefix}.ids", self.ids, ID_POLICIES)
         check_choice(f"{prefix}.truncate", self.truncate, TRUNCATE)
+        check_choice(f"{prefix}.pooling", self.pooling, POOLING)
         check(self.min_count >= 1, f"{prefix}.min_count", self.min_count, ">= 1")
         check(self.max_size is None or self.max_size >= 1, f"{prefix}.max_size", self.max_size,
               "null or >= 1")
@@ -272,16 +275,24 @@ class FeatureSchema(Validated):
         for i, t in enumerate(self.tables):
             check(t.name in used, f"{prefix}.tables[{i}].name", t.name,
                   f"the table of a sparse feature (used: {', '.join(sorted(used))})")
-        by_table: dict[str, list[str]] = {}
-        for f in self.sparse_inputs:
-            by_table.setdefault(f.table_name, []).append(f.name)
-        for i, f in enumerate(self.sparse_inputs):
-            if len(by_table[f.table_name]) > 1:
-                others = [n for n in by_table[f.table_name] if n != f.name]
-                raise ConfigError(
-                    f"{prefix}.sparse[{i}].table={f.table_name!r} is not allowed yet: "
-                    f"features {f.name} and {', '.join(others)} would share it; give each "
-                    "feature its own table")
+        # features sharing a table must map equal raw ids to one row: one id type and policy
+        # (and for a vocabulary, one threshold and cap: the table's vocabulary is built from
+        # all of its features' ids)
+        first: dict[str, tuple[int, SparseFeature]] = {}
+        for i, f in enumerate(self.sparse):
+            if f.table_name not in first:
+                first[f.table_name] = (i, f)
+                continue
+            j, g = first[f.table_name]
+            for key in ("id_type", "ids", "min_count", "max_size"):
+                a, b = getattr(f, key), getattr(g, key)
+                check(a == b, f"{prefix}.sparse[{i}].{key}", a,
+                      f"{b!r}, as features.sparse[{j}] ({g.name}), which shares table "
+                      f"{f.table_name!r} with it")
+        for i, f in enumerate(self.dense):
+            if f.boundaries is not None:
+                check(f.name not in first, f"{prefix}.dense[{i}].name", f.name,
+                      "a bucketized feature's table name (its own) that no sparse feature uses")
 
     @property
     def dense_inputs(self) -> tuple[DenseFeature, ...]:
@@ -294,6 +305,16 @@ class FeatureSchema(Validated):
         (their bucket is the id: a table of their own)."""
         return self.sparse + tuple(SparseFeature(f.name, column=f.source, ids="index")
                                    for f in self.dense if f.boundaries is not None)
+
+    @property
+    def vocab_tables(self) -> tuple[str, ...]:
+        """The tables whose rows are a vocabulary (``ids: vocab``), in order of first use: one
+        vocabulary per table, built from the ids of every feature that uses it."""
+        return tuple(dict.fromkeys(f.table_name for f in self.sparse if f.ids == "vocab"))
+
+    def vocab_index(self, f: SparseFeature) -> int:
+        """The position of feature ``f``'s vocabulary (its table's) in ``vocab_tables``."""
+        return self.vocab_tables.index(f.table_name)
 
     def table_of(self, name: str) -> EmbeddingTable:
         for t in self.tables:
@@ -369,6 +390,22 @@ class FittedSchema:
     def feature_tables(self) -> tuple[int, ...]:
         """For each sparse feature, the index of its table."""
         return tuple(self.table_names.index(f.table_name) for f in self.schema.sparse_inputs)
+
+    def pooling(self) -> tuple[str, ...]:
+        """For each sparse feature, how its bag is pooled (``sum`` or ``mean``)."""
+        return tuple(f.pooling for f in self.schema.sparse_inputs)
+
+    def feature_dims(self, default_dim: int) -> tuple[int, ...]:
+        """For each sparse feature, its table's dim: the widths of the pooled output."""
+        dims = self.table_dims(default_dim)
+        return tuple(dims[t] for t in self.feature_tables())
+
+    def table_features(self) -> tuple[tuple[str, ...], ...]:
+        """For each table, the features that look it up."""
+        out: list[list[str]] = [[] for _ in self.table_names]
+        for f, t in zip(self.sparse_names, self.feature_tables()):
+            out[t].append(f)
+        return tuple(tuple(x) for x in out)
 
     def to_dict(self) -> dict:
         out = {"schema": to_dict(self.schema), "tables": [

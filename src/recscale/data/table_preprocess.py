@@ -70,11 +70,11 @@ def _fit_block(p: Parsed, schema: FeatureSchema, keep: np.ndarray,
                counter: IdCounter) -> list[tuple[str, np.ndarray]]:
     """The rows ``keep`` of a block: their ids counted into ``counter`` (``ids: vocab``
     features); -> per standardized dense feature, [n, sum, sum of squares] of its values."""
-    vocab_feats = [j for j, f in enumerate(schema.sparse) if f.ids == "vocab"]
-    for k, j in enumerate(vocab_feats):
-        lengths, keys = split_keys(*p.keys[j], keep)
-        u, c = np.unique(keys, return_counts=True)
-        counter.merge(k, u, c)
+    for j, f in enumerate(schema.sparse):
+        if f.ids == "vocab":  # counted into its table's vocabulary
+            lengths, keys = split_keys(*p.keys[j], keep)
+            u, c = np.unique(keys, return_counts=True)
+            counter.merge(schema.vocab_index(f), u, c)
     sums = []
     for f, (x, present) in zip(schema.dense, p.dense):
         if f.standardizes:
@@ -144,7 +144,7 @@ def fit_unit(u: Unit, schema: FeatureSchema, cfg: PreprocessConfig, delimiter: s
     """What one unit's train rows fit: its id counts (``ids: vocab`` features) and, per block in
     order, the standardize sums (added in unit and block order, they give the same floats on
     either engine)."""
-    counter = IdCounter(sum(f.ids == "vocab" for f in schema.sparse))
+    counter = IdCounter(len(schema.vocab_tables))
     sums = []
     pos = u.row_base
     for block in unit_blocks(u, needed_columns(schema), delimiter, cfg.chunk_bytes):
@@ -221,23 +221,26 @@ def fit_schema(schema: FeatureSchema, cfg: PreprocessConfig, out: Path,
                fits: Sequence[tuple[IdCounter, list]]) -> tuple[FittedSchema, Vocabulary | None,
                                                                str | None]:
     """The units' fits (in row order) -> the fitted schema, the vocabulary and its file."""
-    vocab_feats = [f for f in schema.sparse if f.ids == "vocab"]
-    counter = IdCounter(len(vocab_feats))
+    vocab_tables = schema.vocab_tables
+    counter = IdCounter(len(vocab_tables))
     sums = {f.name: np.zeros(3) for f in schema.dense if f.standardizes}
     for c, blocks in fits:
-        for k in range(len(vocab_feats)):
+        for k in range(len(vocab_tables)):
             counter.merge(k, c.ids[k], c.counts[k])
         for block in blocks:
             for name, partial in block:
                 sums[name] += partial
     vocab, vocab_path = None, None
-    if vocab_feats:
-        names = tuple(f.name for f in vocab_feats)
+    if vocab_tables:
+        # one vocabulary per table (named as it; features sharing it agree on the threshold
+        # and cap), grown append-only from ``existing``
+        names = vocab_tables
         existing = load_vocabulary(cfg.vocab.path, names) if cfg.vocab.path else None
-        # each feature with its own threshold and cap (grown append-only from ``existing``)
-        per = [build_vocabulary(_one(counter, k), VocabConfig(f.min_count, f.max_size),
-                                _one_vocab(existing, k), features=(f.name,))
-               for k, f in enumerate(vocab_feats)]
+        by_table = {f.table_name: f for f in reversed(schema.sparse) if f.ids == "vocab"}
+        per = [build_vocabulary(_one(counter, k), VocabConfig(by_table[n].min_count,
+                                                              by_table[n].max_size),
+                                _one_vocab(existing, k), features=(n,))
+               for k, n in enumerate(vocab_tables)]
         vocab = Vocabulary([v.ids[0] for v in per], [v.counts[0] for v in per], names)
         vocab_path = vocab.save(out / VOCAB_NAME)
     sizes: dict[str, int] = {}
@@ -245,8 +248,8 @@ def fit_schema(schema: FeatureSchema, cfg: PreprocessConfig, out: Path,
     bucketized = {d.name: d.boundaries for d in schema.dense if d.boundaries is not None}
     for f in schema.sparse_inputs:
         t = schema.table_of(f.table_name)
-        if f.name in vocab_sizes:
-            n = vocab_sizes[f.name]
+        if f.ids == "vocab":
+            n = vocab_sizes[f.table_name]
         elif f.name in bucketized:
             n = len(bucketized[f.name]) + 1
         else:

@@ -22,7 +22,9 @@ class ModelRecipe:
     """What builds a run's DLRM the same way in any process: the model block, the tables' rows,
     the dense inputs, the embedding optimizer and the seed (same recipe, same initial weights);
     ``tiers``: where tables placed below memory keep their slow tier; ``table_dims``: each
-    table's dim (None: ``model.embedding_dim`` for all)."""
+    table's dim (None: ``model.embedding_dim`` for all); ``feature_tables``: each sparse
+    feature's table (None: one table per feature, in order); ``pooling``: each feature's
+    (None: all ``sum``)."""
 
     model: ModelConfig
     table_sizes: tuple[int, ...]
@@ -31,11 +33,14 @@ class ModelRecipe:
     seed: int = 0
     tiers: TierConfig | None = None
     table_dims: tuple[int, ...] | None = None
+    feature_tables: tuple[int, ...] | None = None
+    pooling: tuple[str, ...] | None = None
 
     def build(self, device: torch.device | str = "cpu", placements=None) -> DLRM:
         return build_dlrm(self.model, self.table_sizes, self.num_dense, self.embedding_optimizer,
                           seed=self.seed, device=device, placements=placements, tiers=self.tiers,
-                          dims=self.table_dims)
+                          dims=self.table_dims, feature_tables=self.feature_tables,
+                          pooling=self.pooling)
 
     def with_tables(self, table_sizes: Sequence[int]) -> ModelRecipe:
         return replace(self, table_sizes=tuple(int(n) for n in table_sizes))
@@ -146,7 +151,8 @@ def recipe_from_resolved(resolved: dict) -> ModelRecipe:
     return ModelRecipe(model_cfg, fitted.table_rows, fitted.num_dense,
                        parse(EmbeddingOptimizerConfig, train.get("embedding_optimizer"),
                              "train.embedding_optimizer"), seed=train.get("seed", 0),
-                       table_dims=fitted.table_dims(model_cfg.embedding_dim))
+                       table_dims=fitted.table_dims(model_cfg.embedding_dim),
+                       feature_tables=fitted.feature_tables(), pooling=fitted.pooling())
 
 
 def model_from_resolved(resolved: dict, state: dict[str, torch.Tensor]) -> DLRM:

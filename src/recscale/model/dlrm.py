@@ -189,12 +189,17 @@ def build_dlrm(
     placements=None,
     tiers=None,
     dims: Sequence[int] | None = None,
+    feature_tables: Sequence[int] | None = None,
+    pooling: Sequence[str] | None = None,
 ) -> DLRM:
     """Single-process DLRM with all tables in one fused fbgemm module. Same seed, same weights.
     ``placements`` (``recscale.embedding.Placement`` per table, e.g. from a plan) put
     tables on the DDR/SSD tiers behind a cache (``tiers``: TierConfig); training is unchanged.
-    ``dims``: each table's dim (default: ``cfg.embedding_dim`` for all)."""
+    ``dims``: each table's dim (default: ``cfg.embedding_dim`` for all); ``feature_tables``
+    and ``pooling``: each sparse feature's table and pooling (``recscale.embedding.features``;
+    default: one table per feature, summed)."""
     from recscale.embedding import FusedEmbeddingBags
+    from recscale.embedding.features import feature_bags
 
     dims = list(table_dims(cfg, len(table_sizes) if dims is None else dims))
     if placements is not None and any(p.kind != "memory" for p in placements):
@@ -204,5 +209,6 @@ def build_dlrm(
                                    device=device, seed=seed)
     else:
         emb = FusedEmbeddingBags(table_sizes, dims, embedding_optimizer, device=device, seed=seed)
-    model = DLRM(num_dense, dims, cfg, emb, seed=seed)
+    emb = feature_bags(emb, feature_tables, pooling)
+    model = DLRM(num_dense, emb.dims, cfg, emb, seed=seed)
     return model.to(device)

@@ -22,7 +22,8 @@ def recipe_for(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig) -
         check_dot_dims(dims, fitted.table_names, bottom=model_cfg.bottom_mlp[-1])
     return ModelRecipe(model_cfg, fitted.table_rows, fitted.num_dense,
                        train_cfg.embedding_optimizer, seed=train_cfg.seed, tiers=train_cfg.tiers,
-                       table_dims=dims)
+                       table_dims=dims, feature_tables=fitted.feature_tables(),
+                       pooling=fitted.pooling())
 
 
 def plan_for_run(manifest: dict, cfg: DLRMConfig, measured: Topology | None = None) -> ShardingPlan:
@@ -38,6 +39,7 @@ def plan_for_run(manifest: dict, cfg: DLRMConfig, measured: Topology | None = No
     # the update work of a table is the distinct ids a global batch brings (the data's skew)
     batch = train.batch_size_per_rank * topo.world_size
     distinct = distinct_fractions(manifest, batch, max_batches=max(1, min(4, (1 << 18) // batch)))
-    dims = FittedSchema.of(manifest).table_dims(cfg.model.embedding_dim)
-    tables = table_specs_from_manifest(manifest, dims, distinct)
+    fitted = FittedSchema.of(manifest)
+    tables = table_specs_from_manifest(manifest, fitted.table_dims(cfg.model.embedding_dim),
+                                       distinct, fitted.feature_tables(), fitted.table_names)
     return plan_sharding(tables, topo, train.batch_size_per_rank, opts)

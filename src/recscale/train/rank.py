@@ -63,7 +63,8 @@ def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_i
                 on_step) -> dict[str, Any]:
     fitted = FittedSchema.of(manifest)
     rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms,
-                        feature_names=fitted.sparse_names, num_dense=fitted.num_dense)
+                        feature_names=fitted.sparse_names, num_dense=fitted.num_dense,
+                        feature_tables=fitted.feature_tables(), pooling=fitted.pooling())
     ckpt = None
     if train_cfg.checkpoint.dir is not None:
         ckpt = Checkpointer(train_cfg.checkpoint, run_id, ctx.rank, ctx.world_size,

@@ -23,6 +23,7 @@ from recscale.comm import CommsConfig
 from recscale.comm.collectives import CommStats, make_host_groups
 from recscale.comm.ddp_hooks import counting_allreduce_hook, hierarchical_allreduce_hook
 from recscale.distributed import WorkerContext
+from recscale.embedding.features import feature_bags
 from recscale.embedding.sharded import ShardedEmbeddingCollection
 from recscale.model.dlrm import DLRM, ModelConfig
 from recscale.runconfig import TrainConfig
@@ -70,12 +71,16 @@ class ShardedRuntime(Runtime):
 
     def __init__(self, ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
                  train_cfg: TrainConfig, comms: CommsConfig | None = None, *,
-                 feature_names: Sequence[str], num_dense: int):
+                 feature_names: Sequence[str], num_dense: int,
+                 feature_tables: Sequence[int] | None = None,
+                 pooling: Sequence[str] | None = None):
         """``feature_names``: the sparse features, as the batches name them (the fitted
-        schema's); ``num_dense``: the dense inputs."""
+        schema's); ``num_dense``: the dense inputs; ``feature_tables``, ``pooling``: each
+        feature's table and pooling (see ``build_sharded_model``)."""
         stats = CommStats()
         model = build_sharded_model(ctx, plan, model_cfg, train_cfg, stats, comms,
-                                    feature_names=feature_names, num_dense=num_dense)
+                                    feature_names=feature_names, num_dense=num_dense,
+                                    feature_tables=feature_tables, pooling=pooling)
         dense_opt = train_cfg.dense_optimizer
         reduce = None
         if dense_opt.name == "hessian_free":  # the dense arch's HF steps bypass DDP
@@ -101,10 +106,17 @@ class ShardedRuntime(Runtime):
 def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,
                         train_cfg: TrainConfig, stats: CommStats,
                         comms: CommsConfig | None = None, *, feature_names: Sequence[str],
-                        num_dense: int) -> DLRM:
+                        num_dense: int, feature_tables: Sequence[int] | None = None,
+                        pooling: Sequence[str] | None = None) -> DLRM:
+    """``feature_tables[f]``: the table (0..T-1, in order of first use) feature f looks up
+    (None: one each, in order); the sharded collection holds the tables, named by their first
+    feature (the plan's ``TablePlan.feature_names`` holds it), and ``FeatureBags`` puts the
+    features on them (``recscale.embedding.features``)."""
     comms = comms or CommsConfig()
+    tables = list(range(len(feature_names))) if feature_tables is None else list(feature_tables)
+    first = [feature_names[tables.index(t)] for t in range(max(tables) + 1)]
     emb = ShardedEmbeddingCollection(
-        plan, feature_names, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size,
+        plan, first, train_cfg.embedding_optimizer, ctx.rank, ctx.world_size,
         seed=train_cfg.seed, group=ctx.sparse_group, device=ctx.device, stats=stats,
         output_grad_scale=1.0 / ctx.world_size, comms=comms, tiers=train_cfg.tiers,
         timeout_s=getattr(ctx, "collective_timeout_s", None),
@@ -112,6 +124,7 @@ def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: Model
     # the pipelined policy also overlaps the output all-to-all with the bottom MLP (and, in
     # backward, the gradients' return with its backward); results are identical either way
     emb.overlap_output = train_cfg.pipeline
+    emb = feature_bags(emb, tables, pooling)
     return wrap_dense(DLRM(num_dense, emb.dims, model_cfg, emb, seed=train_cfg.seed),
                       ctx, stats, comms.dense_allreduce, plan, train_cfg.dense_reduction)
 
