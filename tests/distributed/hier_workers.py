@@ -82,7 +82,9 @@ def _hier_parity(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dic
     import torch.distributed as dist
 
     out = {}
+    all_steps = steps
     for sc in scenarios:
+        steps = sc.get("steps", all_steps)
         tcfg = _train_cfg(sc["optimizer"], **sc.get("train", {}))
         stats = CommStats()
         comms = CommsConfig(**sc.get("comms", {}))

@@ -46,6 +46,14 @@ def _parity_scenarios():
                     "train": {"dense_reduction": red.split("-")[0]},
                     "plan": H.plan4(["table_wise", "column_wise", "table_row_wise",
                                      "table_column_wise"], [3, 0, 0, 1])})
+    # ids with weights through both stages (and the column shards' own update)
+    weighted = W.make_global_batches(3, sizes=(5, 9, 3, 7), seed=13, weighted=True)
+    for mix, kinds, homes in (("mixA", ["data_parallel", "table_row_wise", "table_column_wise",
+                                        "row_wise"], [0, 1, 0, 0]),
+                              ("mixB", ["table_wise", "column_wise", "table_row_wise",
+                                        "table_column_wise"], [3, 0, 0, 1])):
+        out.append({"name": f"{mix}/weighted", "optimizer": "exact_rowwise_adagrad",
+                    "steps": weighted, "plan": H.plan4(kinds, homes)})
     for sc in out:
         sc["plan"] = sc["plan"].to_dict()
     return out
@@ -68,7 +76,7 @@ def parity(steps):
                          ids=lambda s: s["name"])
 def test_host_bound_types_train_exactly_like_one_process(parity, steps, sc):
     got = parity[sc["name"]]
-    assert_equals_single_process(got, *reference(sc["optimizer"], steps))
+    assert_equals_single_process(got, *reference(sc["optimizer"], sc.get("steps", steps)))
     names = set().union(*[set(s) for s in got["bytes"]])
     assert {"hier_input_hosts", "hier_input_local", "hier_output_local", "hier_output_hosts",
             "hier_output_local_grad", "hier_output_hosts_grad"} <= names

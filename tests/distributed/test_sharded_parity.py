@@ -56,10 +56,11 @@ SHARED_DIMS = [8, 16, 8, 12]
 
 
 def shared_scenarios():
-    """Features sharing tables (f4 on t2, f5 on t1) and mean pooling (``W.SHARED_POOLING``), at
-    mixed dims through the cat interaction; t2, the shared table under test, takes every
-    sharding type."""
-    steps = W.make_global_batches(3, seed=7, max_len=4, feature_tables=W.SHARED_TABLES)
+    """Features sharing tables (f4 on t2, f5 on t1), mean pooling (``W.SHARED_POOLING``) and
+    weighted ids, at mixed dims through the cat interaction; t2, the shared table under test,
+    takes every sharding type."""
+    steps = W.make_global_batches(3, seed=7, max_len=4, feature_tables=W.SHARED_TABLES,
+                                  weighted=True)
     return [{"name": f"shared/{kind}/{opt}", "optimizer": opt, "shared": True, "steps": steps,
              "kinds": ["table_wise", "data_parallel", kind, "row_wise"], "dims": SHARED_DIMS,
              "model": {**W.MODEL, "interaction": "cat"}}
@@ -111,7 +112,7 @@ def reference(optimizer: str, steps, split_columns: tuple[int, ...] = (), model_
 
     def widen(g):  # repeat the features of split tables so each half gets its ids
         batch = W.to_batch(g)
-        if shared:
+        if shared or batch.sparse.weights is not None:
             return batch
         lengths = batch.sparse.lengths
         off = batch.sparse.offsets()
@@ -198,9 +199,9 @@ def test_tables_of_different_dims_train_like_one_process_under_every_sharding_ty
 
 @pytest.mark.parametrize("sc", shared_scenarios(), ids=lambda s: s["name"])
 def test_features_sharing_tables_with_mean_pooling_train_like_one_process(distributed, sc):
-    """Two features on one table (every sharding type for it), mean and sum pooling, mixed dims:
-    the pooled output, the shared tables after training and the dense weights equal the
-    unsharded module's."""
+    """Two features on one table (every sharding type for it), mean and sum pooling, weighted
+    ids, mixed dims: the pooled output, the shared tables after training and the dense weights
+    equal the unsharded module's."""
     got = distributed[sc["name"]]
     pooled, tables, dense = reference(sc["optimizer"], sc["steps"], model_params=sc["model"],
                                       table_dims=sc["dims"], shared=True)

@@ -34,9 +34,10 @@ MODEL_DCN = {**MODEL, "interaction": "dcn", "dcn": {"num_layers": 2, "low_rank":
 
 
 def make_global_batches(n: int, sizes=(7, 10), seed: int = 0, max_len: int = 3,
-                        feature_tables=None) -> list[list[dict]]:
+                        feature_tables=None, weighted: bool = False) -> list[list[dict]]:
     """n steps; per step one part per rank (uneven sizes), as plain numpy dicts; bags of 0 to
-    ``max_len`` ids; ``feature_tables``: each feature's table (default one per table)."""
+    ``max_len`` ids; ``feature_tables``: each feature's table (default one per table);
+    ``weighted``: each id with a weight in [0.1, 2)."""
     rng = np.random.default_rng(seed)
     tables = list(range(len(ROWS))) if feature_tables is None else list(feature_tables)
     steps = []
@@ -49,6 +50,8 @@ def make_global_batches(n: int, sizes=(7, 10), seed: int = 0, max_len: int = 3,
             parts.append({"dense": rng.normal(size=(b, NUM_DENSE)).astype(np.float32),
                           "lengths": lengths, "values": values,
                           "labels": rng.integers(0, 2, b).astype(np.float32)})
+            if weighted:
+                parts[-1]["weights"] = rng.uniform(0.1, 2.0, len(values)).astype(np.float32)
         steps.append(parts)
     return steps
 
@@ -58,21 +61,28 @@ def to_batch(part: dict) -> Batch:
     keys = FEATURES if len(part["lengths"]) == len(FEATURES) else SHARED_FEATURES
     return Batch(torch.from_numpy(part["dense"]),
                  SparseFeatures(keys, torch.from_numpy(part["values"]).long(),
-                                torch.from_numpy(part["lengths"]).long()),
+                                torch.from_numpy(part["lengths"]).long(),
+                                torch.from_numpy(part["weights"]) if "weights" in part
+                                else None),
                  torch.from_numpy(part["labels"]), torch.arange(b))
 
 
 def concat_parts(parts: list[dict]) -> dict:
     """The global batch a single process sees: ranks' samples in rank order."""
     lengths = np.concatenate([p["lengths"] for p in parts], axis=1)
-    values = []
+    values, weights = [], []
     for t in range(lengths.shape[0]):
         for p in parts:
             off = np.concatenate([[0], np.cumsum(p["lengths"].reshape(-1))])
             b = p["lengths"].shape[1]
             values.append(p["values"][off[t * b]: off[(t + 1) * b]])
-    return {"dense": np.concatenate([p["dense"] for p in parts]), "lengths": lengths,
-            "values": np.concatenate(values), "labels": np.concatenate([p["labels"] for p in parts])}
+            if "weights" in p:
+                weights.append(p["weights"][off[t * b]: off[(t + 1) * b]])
+    out = {"dense": np.concatenate([p["dense"] for p in parts]), "lengths": lengths,
+           "values": np.concatenate(values), "labels": np.concatenate([p["labels"] for p in parts])}
+    if weights:
+        out["weights"] = np.concatenate(weights)
+    return out
 
 
 def shard(rank, r0, rl, c0, cl) -> ShardSpec:

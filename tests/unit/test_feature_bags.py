@@ -19,14 +19,16 @@ TABLES = (1, 0, 1, 2, 1)  # three features on table 1, in three slots
 POOLING = ("mean", "sum", "sum", "mean", "mean")
 
 
-def batch(seed: int, B: int = 9, max_len: int = 5) -> SparseFeatures:
+def batch(seed: int, B: int = 9, max_len: int = 5, weighted: bool = False) -> SparseFeatures:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(0, max_len + 1, size=(len(TABLES), B))
     lengths[0, 0] = 0  # an empty bag under mean pooling
     values = np.concatenate([rng.integers(0, ROWS[t], int(lengths[f].sum()))
                              for f, t in enumerate(TABLES)])
+    w = torch.from_numpy(rng.uniform(0.1, 2.0, len(values)).astype(np.float32)) \
+        if weighted else None
     return SparseFeatures(tuple(f"f{i}" for i in range(len(TABLES))),
-                          torch.from_numpy(values), torch.from_numpy(lengths))
+                          torch.from_numpy(values), torch.from_numpy(lengths), w)
 
 
 def reference_pooled(weights, sparse: SparseFeatures) -> torch.Tensor:
@@ -36,9 +38,11 @@ def reference_pooled(weights, sparse: SparseFeatures) -> torch.Tensor:
     for f, t in enumerate(TABLES):
         ln = sparse.lengths[f]
         ids = sparse.values[off: off + int(ln.sum())]
+        w = None if sparse.weights is None else \
+            sparse.weights[off: off + int(ln.sum())].to(weights[t].dtype)
         off += int(ln.sum())
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ln.cumsum(0)[:-1]])
-        pooled = F.embedding_bag(ids, weights[t], offsets, mode="sum")
+        pooled = F.embedding_bag(ids, weights[t], offsets, mode="sum", per_sample_weights=w)
         if POOLING[f] == "mean":
             pooled = pooled / ln.clamp(min=1).unsqueeze(1).to(pooled.dtype)
         assert pooled.shape == (B, DIMS[t])
@@ -56,10 +60,11 @@ def make(optimizer: str = "exact_sgd", lr: float = 0.5, tiered: bool = False) ->
     return FeatureBags(inner, TABLES, POOLING)
 
 
-def test_pooled_output_equals_embedding_bag_per_feature_on_shared_tables():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pooled_output_equals_embedding_bag_per_feature_on_shared_tables(weighted):
     emb = make()
     assert emb.m == 3 and emb.dims == tuple(DIMS[t] for t in TABLES)
-    sp = batch(0)
+    sp = batch(0, weighted=weighted)
     weights = [table_init(4, t, r, d).double() for t, (r, d) in enumerate(zip(ROWS, DIMS))]
     with torch.no_grad():
         got = emb(sp)
@@ -69,10 +74,11 @@ def test_pooled_output_equals_embedding_bag_per_feature_on_shared_tables():
 
 
 @pytest.mark.parametrize("optimizer", ["exact_sgd", "exact_rowwise_adagrad"])
-def test_one_update_of_a_shared_table_takes_every_features_gradient_at_once(optimizer):
+@pytest.mark.parametrize("weighted", [False, True])
+def test_one_update_of_a_shared_table_takes_every_features_gradient_at_once(optimizer, weighted):
     lr, eps = 0.5, 1e-8
     emb = make(optimizer, lr)
-    sp = batch(1)
+    sp = batch(1, weighted=weighted)
     g = torch.from_numpy(np.random.default_rng(2).normal(size=(sp.batch_size, emb.output_dim)))
     (emb(sp) * g.float()).sum().backward()
     got = [w.detach().double() for w in emb.split_weights()]
@@ -96,7 +102,7 @@ def test_one_update_of_a_shared_table_takes_every_features_gradient_at_once(opti
 def test_a_slow_tier_under_shared_tables_trains_like_memory():
     ref, tiered = make(), make(tiered=True)
     for seed in range(3):
-        sp = batch(10 + seed)
+        sp = batch(10 + seed, weighted=seed == 1)
         g = torch.from_numpy(np.random.default_rng(seed).normal(
             size=(sp.batch_size, ref.output_dim))).float()
         for emb in (ref, tiered):

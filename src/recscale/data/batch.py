@@ -3,6 +3,9 @@
 Sparse features are jagged, feature-major: ``lengths[t, b]`` ids for feature t of sample b, and
 ``values`` holds them in that order (all of feature 0, then feature 1, ...). ``offsets()`` is the
 ``T * B + 1`` prefix sum that fbgemm's table-batched embedding takes with ``values`` as indices.
+``weights`` (optional, float32, one per id): each id's weight in its bag's sum (fbgemm's
+``per_sample_weights``); 1.0 for the ids of unweighted features, None when no feature is
+weighted.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class SparseFeatures:
     keys: tuple[str, ...]
     values: torch.Tensor  # int64 [sum(lengths)]
     lengths: torch.Tensor  # int64 [T, B]
+    weights: torch.Tensor | None = None  # float32 [sum(lengths)]
 
     @property
     def batch_size(self) -> int:
@@ -35,10 +39,12 @@ class SparseFeatures:
             self.keys,
             self.values.to(device, non_blocking=non_blocking),
             self.lengths.to(device, non_blocking=non_blocking),
+            None if self.weights is None else self.weights.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> SparseFeatures:
-        return SparseFeatures(self.keys, self.values.pin_memory(), self.lengths.pin_memory())
+        return SparseFeatures(self.keys, self.values.pin_memory(), self.lengths.pin_memory(),
+                              None if self.weights is None else self.weights.pin_memory())
 
     @staticmethod
     def from_dense_ids(keys: Sequence[str], ids: np.ndarray, present: np.ndarray) -> SparseFeatures:

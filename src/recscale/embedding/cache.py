@@ -411,7 +411,7 @@ class TieredEmbeddingBags(LocalCollection):
                 self._pool_box.append(ThreadPoolExecutor(1, thread_name_prefix="tiered-prefetch"))
             self._future = self._pool_box[0].submit(self._prefetch_work, nxt, clock)
         return self.cache(SparseFeatures(sparse.keys, local.to(sparse.values.device),
-                                         sparse.lengths))
+                                         sparse.lengths, sparse.weights))
 
     # --- checkpoints ----------------------------------------------------------------------------
     def flush(self) -> None:

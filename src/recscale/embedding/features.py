@@ -114,14 +114,11 @@ class FeatureBags(nn.Module):
         if F != len(self.feature_tables):
             raise ValueError(f"expected {len(self.feature_tables)} features, got {F}")
         lengths = torch.cat([sparse.lengths, sparse.lengths.new_zeros(1, B)])
-        weights = getattr(sparse, "weights", None)
+        weights = sparse.weights
         p_l, p_v, p_w = torch.ops.fbgemm.permute_2D_sparse_data(
             self._perm, lengths, sparse.values, weights, None)
         T = len(self.inner.dims)
-        out = SparseFeatures(("",) * T, p_v, p_l.reshape(T, self.m * B))
-        if weights is not None:
-            out.weights = p_w
-        return out
+        return SparseFeatures(("",) * T, p_v, p_l.reshape(T, self.m * B), p_w)
 
     def start(self, sparse: SparseFeatures) -> FeatureStart:
         return FeatureStart(self.inner.start(self._to_tables(sparse)), sparse.lengths,

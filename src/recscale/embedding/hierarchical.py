@@ -42,6 +42,7 @@ from recscale.embedding.input_dist import (  # noqa: F401  (HIER_TYPES: named he
     HIER_TYPES,
     arrange_received,
     split_received,
+    weight_bits,
 )
 
 
@@ -132,12 +133,14 @@ class HierarchicalExchange:
                                for c in range(col0[t], col0[t] + dims[t])])
 
     # --- input ---------------------------------------------------------------------------------
-    def start(self, lengths: torch.Tensor, values: torch.Tensor):
+    def start(self, lengths: torch.Tensor, values: torch.Tensor,
+              weights: torch.Tensor | None = None):
         """Stage A payload of this rank's batch -> (payload, per-host lengths counts, per-host
-        ids counts); the ids counts travel in the collection's counts exchange."""
+        ids counts); the ids counts travel in the collection's counts exchange. ``weights``:
+        the ids' weights, after the ids as int64 words (``input_dist.weight_bits``)."""
         B = lengths.shape[1]
-        p_l, p_v, _ = torch.ops.fbgemm.permute_2D_sparse_data(self._a_perm, lengths, values,
-                                                              None, None)
+        p_l, p_v, p_w = torch.ops.fbgemm.permute_2D_sparse_data(self._a_perm, lengths, values,
+                                                                weights, None)
         per_f = torch.cat([p_l.new_zeros(1), p_l.sum(dim=1).cumsum(0)])
         fb = [0]
         for f in self.F:
@@ -148,6 +151,8 @@ class HierarchicalExchange:
         for h in range(self.H):
             pieces.append(flat_l[fb[h] * B: fb[h + 1] * B])
             pieces.append(p_v[int(per_f[fb[h]]): int(per_f[fb[h + 1]])])
+            if p_w is not None:
+                pieces.append(weight_bits(p_w[int(per_f[fb[h]]): int(per_f[fb[h + 1]])]))
         payload = torch.cat(pieces)
         return payload, [f * B for f in self.F], ids
 
@@ -158,13 +163,15 @@ class HierarchicalExchange:
             out[h * self.L + self.j] = n
         return out
 
-    def exchange_a(self, payload, send_l, send_v, recv_v_by_rank, bs) -> PendingAllToAll:
+    def exchange_a(self, payload, send_l, send_v, recv_v_by_rank, bs,
+                   weighted: bool = False) -> PendingAllToAll:
         """Start stage A; ``recv_v_by_rank[r]``: ids rank r sends to this rank."""
         if self.peer_group is None:
             return _Here(payload)
+        wf = 2 if weighted else 1
         peers = [h * self.L + self.j for h in range(self.H)]
-        recv = [self.F[self.h] * bs[r] + int(recv_v_by_rank[r]) for r in peers]
-        send = [a + b for a, b in zip(send_l, send_v)]
+        recv = [self.F[self.h] * bs[r] + wf * int(recv_v_by_rank[r]) for r in peers]
+        send = [a + wf * b for a, b in zip(send_l, send_v)]
         return all_to_all_1d_async(payload, send, recv, self.peer_group, self.stats,
                                    "hier_input_hosts")
 
@@ -172,10 +179,12 @@ class HierarchicalExchange:
         """Samples each intermediate (local rank j of a host) stands for."""
         return [sum(bs[h * self.L + j] for h in range(self.H)) for j in range(self.L)]
 
-    def receive(self, pending: PendingAllToAll, bs: Sequence[int]):
-        """Wait for stage A, run stage B -> (lengths [k_me * global batch], ids) of this rank's
-        host-bound shards, feature-major over the global batch in source-rank order."""
+    def receive(self, pending: PendingAllToAll, bs: Sequence[int], weighted: bool = False):
+        """Wait for stage A, run stage B -> (lengths [k_me * global batch], ids, weights or
+        None) of this rank's host-bound shards, feature-major over the global batch in
+        source-rank order."""
         fb = torch.ops.fbgemm
+        wf = 2 if weighted else 1
         L, H, F = self.L, self.H, self.F[self.h]
         peers_b = [bs[h * L + self.j] for h in range(H)]
         n = sum(peers_b)
@@ -183,21 +192,23 @@ class HierarchicalExchange:
         recv_l = [F * b for b in peers_b]
         recv_v = []
         off = 0
-        for a in recv_l:  # each block is [lengths | ids]; the ids count is the lengths' sum
+        for a in recv_l:  # each block is [lengths | ids (| weights)]; ids: the lengths' sum
             recv_v.append(int(got[off: off + a].sum()))
-            off += a + recv_v[-1]
-        lengths, ids = arrange_received(got, recv_l, recv_v, F, peers_b)
+            off += a + wf * recv_v[-1]
+        lengths, ids, iw = arrange_received(got, recv_l, recv_v, F, peers_b, weighted)
         lengths = lengths.view(F, n)
-        all_l, all_v = lengths.reshape(-1), ids
+        all_l, all_v, all_w = lengths.reshape(-1), ids, iw
         rows = F
         if self.rw:
-            sel_l, sel_v, _ = fb.permute_2D_sparse_data(self._rw_sel, lengths, ids, None, None)
-            b_l, b_v, *_ = fb.block_bucketize_sparse_features(
-                sel_l.reshape(-1), sel_v, False, False, self._rw_blocks, self.nb, None)
+            sel_l, sel_v, sel_w = fb.permute_2D_sparse_data(self._rw_sel, lengths, ids, iw, None)
+            b_l, b_v, b_w, *_ = fb.block_bucketize_sparse_features(
+                sel_l.reshape(-1), sel_v, False, False, self._rw_blocks, self.nb, sel_w)
             all_l, all_v = torch.cat([all_l, b_l]), torch.cat([all_v, b_v])
+            if weighted:
+                all_w = torch.cat([all_w, b_w])
             rows += self.nb * len(self.rw)
-        p_l, p_v, _ = fb.permute_2D_sparse_data(self._b_perm, all_l.view(rows, n), all_v,
-                                                None, None)
+        p_l, p_v, p_w = fb.permute_2D_sparse_data(self._b_perm, all_l.view(rows, n), all_v,
+                                                  all_w, None)
         per_f = torch.cat([p_l.new_zeros(1), p_l.sum(dim=1).cumsum(0)])
         kb = [0]
         for k in self.k_owner:
@@ -208,6 +219,8 @@ class HierarchicalExchange:
         for i in range(L):
             pieces.append(flat_l[kb[i] * n: kb[i + 1] * n])
             pieces.append(p_v[int(per_f[kb[i]]): int(per_f[kb[i + 1]])])
+            if weighted:
+                pieces.append(weight_bits(p_w[int(per_f[kb[i]]): int(per_f[kb[i + 1]])]))
         mids = self.mid_sizes(bs)
         k = self.k_me
         rl_n = [k * m for m in mids]
@@ -218,11 +231,11 @@ class HierarchicalExchange:
                                                  device=p_l.device).view(L, 1),
                                     self.host_group, self.stats,
                                     "hier_input_counts")[:, 0].tolist()
-            got = all_to_all_1d(torch.cat(pieces), [k_i * n + v for k_i, v in
+            got = all_to_all_1d(torch.cat(pieces), [k_i * n + wf * v for k_i, v in
                                                     zip(self.k_owner, send_v)],
-                                [a + b for a, b in zip(rl_n, got_v)], self.host_group,
+                                [a + wf * b for a, b in zip(rl_n, got_v)], self.host_group,
                                 self.stats, "hier_input_local")
-        rl, rv = split_received(got, rl_n, got_v)
+        rl, rv, rw = split_received(got, rl_n, got_v, weighted)
         # arrival: [intermediate j][feature][source host][sample] -> [feature][source rank][sample]
         chunk = [0]
         for m in mids:
@@ -234,8 +247,7 @@ class HierarchicalExchange:
             base = chunk[j] + torch.arange(k) * mids[j] + pre
             parts.append(base.unsqueeze(1) + torch.arange(b).unsqueeze(0))
         order = torch.cat(parts, dim=1).reshape(-1).to(torch.int32).to(rl.device)
-        lengths, ids, _ = fb.permute_1D_sparse_data(order, rl, rv, None, None)
-        return lengths, ids
+        return fb.permute_1D_sparse_data(order, rl, rv, rw, None)
 
     # --- output --------------------------------------------------------------------------------
     def output_start(self, pooled: torch.Tensor, bs: Sequence[int], B: int):

@@ -86,7 +86,8 @@ class InputDist:
     dp_recv_l: list[int] = field(default_factory=list)
     dp_recv_v: list[int] = field(default_factory=list)
     hier: PendingAllToAll | None = None  # host-bound tables' stage A (embedding.hierarchical)
-    received: tuple | None = None  # (lengths, ids) for the local lookup, once waited for
+    weighted: bool = False  # ids travel with their weights
+    received: tuple | None = None  # (lengths, ids, weights) for the local lookup, once waited for
     local: tuple | None = None  # those split into the fused module's and the column shards'
 
 
@@ -102,22 +103,36 @@ def bag_order(k: int, batch_sizes: Sequence[int]) -> torch.Tensor:
     return torch.cat(parts, dim=1).reshape(-1)
 
 
-def split_received(recv: torch.Tensor, recv_l: Sequence[int],
-                   recv_v: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One all-to-all's output ([lengths | ids] per source rank) -> (all lengths, all ids)."""
+def weight_bits(w: torch.Tensor) -> torch.Tensor:
+    """Float32 id weights as int64 words (exactly: through float64), so they travel in the same
+    all-to-all as the lengths and ids; ``from_bits`` reverses it."""
+    return w.to(torch.float64).view(torch.int64)
+
+
+def from_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.float64).to(torch.float32)
+
+
+def split_received(recv: torch.Tensor, recv_l: Sequence[int], recv_v: Sequence[int],
+                   weighted: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One all-to-all's output ([lengths | ids] per source rank, and ``weighted``: [lengths |
+    ids | weights' bits]) -> (all lengths, all ids, all weights or None)."""
     parts, off = [], 0
     for a, b in zip(recv_l, recv_v):
-        parts.append((recv[off: off + a], recv[off + a: off + a + b]))
-        off += a + b
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        w = from_bits(recv[off + a + b: off + a + 2 * b]) if weighted else None
+        parts.append((recv[off: off + a], recv[off + a: off + a + b], w))
+        off += a + (2 * b if weighted else b)
+    return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+            torch.cat([p[2] for p in parts]) if weighted else None)
 
 
 def arrange_received(recv: torch.Tensor, recv_l: Sequence[int], recv_v: Sequence[int], k: int,
-                     batch_sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lengths and ids of ``k`` features from every source rank -> (lengths, ids) feature-major
-    over the concatenated (global) batch, as the local fbgemm lookup takes them."""
-    rl, rv = split_received(recv, recv_l, recv_v)
+                     batch_sizes: Sequence[int], weighted: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Lengths and ids (and weights) of ``k`` features from every source rank -> (lengths,
+    ids, weights or None) feature-major over the concatenated (global) batch, as the local
+    fbgemm lookup takes them."""
+    rl, rv, rw = split_received(recv, recv_l, recv_v, weighted)
     order = bag_order(k, batch_sizes).to(rl.device)
-    lengths, ids, _ = torch.ops.fbgemm.permute_1D_sparse_data(order.to(torch.int32), rl, rv,
-                                                               None, None)
-    return lengths, ids
+    return torch.ops.fbgemm.permute_1D_sparse_data(order.to(torch.int32), rl, rv, rw, None)

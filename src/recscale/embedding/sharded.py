@@ -50,7 +50,7 @@ from recscale.data.batch import SparseFeatures
 from recscale.embedding.api import TableShard, assemble_tables
 from recscale.embedding.columns import inverse_permutation, place_columns
 from recscale.embedding.hierarchical import HierarchicalExchange
-from recscale.embedding.input_dist import InputDist, Routes, arrange_received
+from recscale.embedding.input_dist import InputDist, Routes, arrange_received, weight_bits
 from recscale.embedding.sharded_autograd import (
     ColumnShardRowwiseAdagrad,
     GradScale,
@@ -235,93 +235,108 @@ class ShardedEmbeddingCollection(nn.Module):
     def start(self, sparse: SparseFeatures) -> InputDist:
         """Input distribution up to the ids all-to-alls, which are left in flight."""
         W = self.world_size
-        lengths, values = sparse.lengths, sparse.values
+        lengths, values, weights = sparse.lengths, sparse.values, sparse.weights
+        wf = 2 if weights is not None else 1  # words per id on the wire (id, weight's bits)
         T, B = lengths.shape
         if T != self.num_tables:
             raise ValueError(f"expected {self.num_tables} features, got {T}")
         fb = torch.ops.fbgemm
-        all_lengths, all_values = lengths.reshape(-1), values
+        all_lengths, all_values, all_weights = lengths.reshape(-1), values, weights
         if self.rw_tables:
-            sel_l, sel_v, _ = fb.permute_2D_sparse_data(self._rw_idx, lengths, values, None, None)
-            b_l, b_v, *_ = fb.block_bucketize_sparse_features(
-                sel_l.reshape(-1), sel_v, False, False, self._rw_blocks, W, None)
+            sel_l, sel_v, sel_w = fb.permute_2D_sparse_data(self._rw_idx, lengths, values,
+                                                            weights, None)
+            b_l, b_v, b_w, *_ = fb.block_bucketize_sparse_features(
+                sel_l.reshape(-1), sel_v, False, False, self._rw_blocks, W, sel_w)
             all_lengths = torch.cat([all_lengths, b_l])
             all_values = torch.cat([values, b_v])
+            if weights is not None:
+                all_weights = torch.cat([weights, b_w])
         rows = T + W * len(self.rw_tables)
-        p_l, p_v, _ = fb.permute_2D_sparse_data(self._perm, all_lengths.view(rows, B), all_values,
-                                                None, None)
+        p_l, p_v, p_w = fb.permute_2D_sparse_data(self._perm, all_lengths.view(rows, B),
+                                                  all_values, all_weights, None)
         per_feature = p_l.sum(dim=1)
         bounds = torch.tensor([0] + self.k).cumsum(0)
         csum = torch.cat([per_feature.new_zeros(1), per_feature.cumsum(0)])
         vals_to = (csum[bounds[1:]] - csum[bounds[:-1]])
-        dp_l = dp_v = None
+        dp_l = dp_v = dp_w = None
         n_dp = 0
         if self.dp is not None:
-            dp_l, dp_v, _ = fb.permute_2D_sparse_data(self._dp_idx, lengths, values, None, None)
+            dp_l, dp_v, dp_w = fb.permute_2D_sparse_data(self._dp_idx, lengths, values, weights,
+                                                         None)
             n_dp = int(dp_v.numel())
         dev = values.device
         cols = [torch.full((W,), B, dtype=torch.int64, device=dev), vals_to.to(dev),
                 torch.full((W,), n_dp, dtype=torch.int64, device=dev)]
         if self.hier is not None:  # ids of the host-bound tables' stage A, per peer
-            h_payload, h_send_l, h_send_v = self.hier.start(lengths, values)
+            h_payload, h_send_l, h_send_v = self.hier.start(lengths, values, weights)
             cols.append(torch.tensor(self.hier.send_ids(h_send_v), dtype=torch.int64, device=dev))
         got = exchange_counts(torch.stack(cols, dim=1), self.group, self.stats, "input_counts")
         bs = got[:, 0].tolist()
-        pend = InputDist(B=B, bs=bs, device=values.device)
+        pend = InputDist(B=B, bs=bs, device=values.device, weighted=weights is not None)
         if self.hier is not None:
-            pend.hier = self.hier.exchange_a(h_payload, h_send_l, h_send_v, got[:, 3].tolist(), bs)
+            pend.hier = self.hier.exchange_a(h_payload, h_send_l, h_send_v, got[:, 3].tolist(), bs,
+                                             pend.weighted)
         if any(self.k):
             # lengths and ids of each destination travel together in one all-to-all
             send_l = [kd * B for kd in self.k]
             pend.recv_l = [self.k[self.rank] * b for b in bs]
             pend.recv_v = got[:, 1].tolist()
-            payload = torch.cat([x for d in range(W) for x in (
-                p_l.reshape(-1)[sum(send_l[:d]): sum(send_l[: d + 1])],
-                p_v[int(csum[bounds[d]]): int(csum[bounds[d + 1]])])])
+            # (and, weighted, the ids' weights as int64 words after them)
+            pieces = []
+            for d in range(W):
+                a, b = int(csum[bounds[d]]), int(csum[bounds[d + 1]])
+                pieces += [p_l.reshape(-1)[sum(send_l[:d]): sum(send_l[: d + 1])], p_v[a:b]]
+                if p_w is not None:
+                    pieces.append(weight_bits(p_w[a:b]))
             pend.sharded = all_to_all_1d_async(
-                payload, [a + int(b) for a, b in zip(send_l, vals_to)],
-                [a + b for a, b in zip(pend.recv_l, pend.recv_v)], self.group, self.stats, "input")
+                torch.cat(pieces), [a + wf * int(b) for a, b in zip(send_l, vals_to)],
+                [a + wf * b for a, b in zip(pend.recv_l, pend.recv_v)], self.group, self.stats,
+                "input")
         if self.dp is not None:
             # all-gather (lengths and ids together) as an all-to-all of W copies: uneven batch
             # sizes are fine
-            mine = torch.cat([dp_l.reshape(-1), dp_v])
+            mine = torch.cat([dp_l.reshape(-1), dp_v]
+                             + ([weight_bits(dp_w)] if dp_w is not None else []))
             pend.dp_recv_l = [len(self.dp_tables) * b for b in bs]
             pend.dp_recv_v = got[:, 2].tolist()
             pend.dp = all_to_all_1d_async(
                 mine.repeat(W), [mine.numel()] * W,
-                [a + b for a, b in zip(pend.dp_recv_l, pend.dp_recv_v)], self.group, self.stats,
-                "dp_input")
+                [a + wf * b for a, b in zip(pend.dp_recv_l, pend.dp_recv_v)], self.group,
+                self.stats, "dp_input")
         return pend
 
     def _local_ids(self, pend: InputDist, bg: int) -> tuple[torch.Tensor, ...]:
         """The received ids as the local lookup takes them, once per batch (the prefetch and
-        the lookup share them): (lengths, ids) of the fused module's features, then of the
-        column shards' (empty without column shards)."""
+        the lookup share them): SparseFeatures of the fused module's features, then (lengths,
+        ids, weights) of the column shards' (empty without column shards)."""
         if pend.local is None:
             k = len(self.routes[self.rank])
-            l2, v2 = self._received(pend)
+            l2, v2, w2 = self._received(pend)
             lengths = l2.view(k, bg)
             if not self.cw_tables:
-                pend.local = (lengths, v2, lengths[:0], v2[:0])
+                pend.local = (SparseFeatures(("",) * k, v2, lengths, w2),
+                              (lengths[:0], v2[:0], None if w2 is None else w2[:0]))
             else:
-                sl, sv, _ = torch.ops.fbgemm.permute_2D_sparse_data(self._local_split, lengths,
-                                                                    v2, None, None)
+                sl, sv, sw = torch.ops.fbgemm.permute_2D_sparse_data(self._local_split, lengths,
+                                                                     v2, w2, None)
                 nf = len(self._fused_pos)
                 cut = int(sl[:nf].sum())
-                pend.local = (sl[:nf], sv[:cut], sl[nf:], sv[cut:])
+                pend.local = (SparseFeatures(("",) * nf, sv[:cut], sl[:nf],
+                                             None if sw is None else sw[:cut]),
+                              (sl[nf:], sv[cut:], None if sw is None else sw[cut:]))
         return pend.local
 
     def _lookup(self, pend: InputDist, bg: int) -> torch.Tensor:
         """Pooled rows of every local shard, [global batch, width], in route order."""
-        fl, fv, cw_l, cw_v = self._local_ids(pend, bg)
+        fused, (cw_l, cw_v, cw_w) = self._local_ids(pend, bg)
         if not self.cw_tables:
             if self.local is None:
                 return torch.zeros(bg, 0, device=pend.device, requires_grad=True)
-            return self.local(SparseFeatures(("",) * fl.shape[0], fv, fl))
+            return self.local(fused)
         parts = []
         if self.local is not None:
-            parts.append(self.local(SparseFeatures(("",) * fl.shape[0], fv, fl)))
-        parts.append(ColumnShardRowwiseAdagrad.apply(self._anchor, self, cw_l, cw_v))
+            parts.append(self.local(fused))
+        parts.append(ColumnShardRowwiseAdagrad.apply(self._anchor, self, cw_l, cw_v, cw_w))
         return place_columns(parts, [(p.shape[1],) for p in parts], self._local_dest,
                              self._local_cols, len(self._local_cols), bg)
 
@@ -332,13 +347,14 @@ class ShardedEmbeddingCollection(nn.Module):
             parts = []
             if pend.sharded is not None:
                 parts.append(arrange_received(pend.sharded.wait(), pend.recv_l, pend.recv_v,
-                                              self.k[self.rank], pend.bs))
+                                              self.k[self.rank], pend.bs, pend.weighted))
             if pend.hier is not None:
-                parts.append(self.hier.receive(pend.hier, pend.bs))
+                parts.append(self.hier.receive(pend.hier, pend.bs, pend.weighted))
             if len(parts) == 1:
                 pend.received = parts[0]
             else:
-                pend.received = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+                pend.received = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+                                 torch.cat([p[2] for p in parts]) if pend.weighted else None)
         return pend.received
 
     def _has_lookup(self, pend: InputDist) -> bool:
@@ -361,8 +377,8 @@ class ShardedEmbeddingCollection(nn.Module):
         if (not self._prefetching or not isinstance(started, InputDist)
                 or not self._has_lookup(started)):
             return
-        fl, fv, _, _ = self._local_ids(started, sum(started.bs))
-        self.local.prefetch(SparseFeatures(("",) * fl.shape[0], fv, fl))
+        fused, _ = self._local_ids(started, sum(started.bs))
+        self.local.prefetch(fused)
 
     def flush(self) -> None:
         """Write every slow-tier shard's dirty cached rows back (before a checkpoint reads
@@ -415,8 +431,9 @@ class ShardedEmbeddingCollection(nn.Module):
                 hier_done = self.hier.output_start(pooled[:, wd:], bs, B)
         if pend.dp is not None:
             k_dp = len(self.dp_tables)
-            l2, v2 = arrange_received(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v, k_dp, bs)
-            full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg)))
+            l2, v2, w2 = arrange_received(pend.dp.wait(), pend.dp_recv_l, pend.dp_recv_v, k_dp, bs,
+                                          pend.weighted)
+            full = self.dp(SparseFeatures(("",) * k_dp, v2, l2.view(k_dp, bg), w2))
             mine = OwnRowsGatherGrad.apply(full, sum(bs[:me]), bs, me, self.group, self.stats,
                                             self.bwd_codec, self.bwd_scale)
 

@@ -39,16 +39,18 @@ class ColumnShardRowwiseAdagrad(torch.autograd.Function):
     the collective order is the same on all ranks)."""
 
     @staticmethod
-    def forward(ctx, anchor, coll, lengths, values):
+    def forward(ctx, anchor, coll, lengths, values, weights=None):
         bg = lengths.shape[1] if lengths.dim() == 2 else 0
         off = torch.cat([lengths.new_zeros(1), lengths.reshape(-1).cumsum(0)])
         outs, saved = [], []
         for j, w in enumerate(coll.cw_weights):
             a, b = int(off[j * bg]), int(off[(j + 1) * bg])
             ids = values[a:b]
+            iw = None if weights is None else weights[a:b].unsqueeze(1)
             bag = torch.repeat_interleave(torch.arange(bg, device=ids.device), lengths[j])
-            outs.append(torch.zeros(bg, w.shape[1], device=w.device).index_add_(0, bag, w[ids]))
-            saved.append((ids, bag))
+            rows = w[ids] if iw is None else w[ids] * iw
+            outs.append(torch.zeros(bg, w.shape[1], device=w.device).index_add_(0, bag, rows))
+            saved.append((ids, bag, iw))
         ctx.coll, ctx.saved = coll, saved
         if not outs:
             return anchor.new_zeros(bg, 0)
@@ -61,10 +63,11 @@ class ColumnShardRowwiseAdagrad(torch.autograd.Function):
         widths = [w.shape[1] for w in coll.cw_weights]
         grads = grad.split(widths, dim=1) if widths else []
         per_table: dict[int, list] = {}
-        for j, (g, (ids, bag)) in enumerate(zip(grads, ctx.saved)):
+        for j, (g, (ids, bag, iw)) in enumerate(zip(grads, ctx.saved)):
             t = mine[coll._cw_pos[j]][0]
             uniq, inv = torch.unique(ids, return_inverse=True)
-            rows = torch.zeros(len(uniq), g.shape[1], device=g.device).index_add_(0, inv, g[bag])
+            gi = g[bag] if iw is None else g[bag] * iw
+            rows = torch.zeros(len(uniq), g.shape[1], device=g.device).index_add_(0, inv, gi)
             per_table.setdefault(t, []).append((j, uniq, rows))
         partial = {t: sum((r * r).sum(1) for _, _, r in lst) for t, lst in per_table.items()}
         # exchange partial sums with the other holders of each table (same ids, same order)
@@ -94,7 +97,7 @@ class ColumnShardRowwiseAdagrad(torch.autograd.Function):
                 scale = lr / (state[uniq].sqrt() + eps)
                 for j, _, rows in lst:
                     coll.cw_weights[j][uniq] -= scale.unsqueeze(1) * rows
-        return torch.zeros_like(ctx.coll._anchor), None, None, None
+        return torch.zeros_like(ctx.coll._anchor), None, None, None, None
 
 
 class GradScale(torch.autograd.Function):

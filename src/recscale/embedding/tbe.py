@@ -175,8 +175,9 @@ class FusedEmbeddingBags(LocalCollection):
                     w.copy_(table_init(seed, t, w.shape[0], w.shape[1]))
 
     def forward(self, sparse: SparseFeatures) -> torch.Tensor:
-        """-> pooled embeddings [B, sum(dims)], table t in columns sum(dims[:t]) .. + dims[t]."""
-        return self.tbe(sparse.values, sparse.offsets())
+        """-> pooled embeddings [B, sum(dims)], table t in columns sum(dims[:t]) .. + dims[t]
+        (each id's embedding times its weight where ``sparse.weights`` gives them)."""
+        return self.tbe(sparse.values, sparse.offsets(), per_sample_weights=sparse.weights)
 
     def flush(self) -> None:
         """MANAGED_CACHING: write the HBM cache back to the host tables (else nothing to do)."""

@@ -118,13 +118,15 @@ class MultiTierEmbeddingBags(LocalCollection):
 
     def _split(self, sparse: SparseFeatures) -> list[SparseFeatures]:
         B = sparse.lengths.shape[1]
-        p_l, p_v, _ = torch.ops.fbgemm.permute_2D_sparse_data(
-            self._perm, sparse.lengths.view(len(self.dims), B), sparse.values, None, None)
+        p_l, p_v, p_w = torch.ops.fbgemm.permute_2D_sparse_data(
+            self._perm, sparse.lengths.view(len(self.dims), B), sparse.values, sparse.weights,
+            None)
         counts = p_l.sum(1).tolist()
         out, f, v = [], 0, 0
         for ts in self.group_tables:
             n = int(sum(counts[f: f + len(ts)]))
-            out.append(SparseFeatures(("",) * len(ts), p_v[v: v + n], p_l[f: f + len(ts)]))
+            out.append(SparseFeatures(("",) * len(ts), p_v[v: v + n], p_l[f: f + len(ts)],
+                                      None if p_w is None else p_w[v: v + n]))
             f, v = f + len(ts), v + n
         return out
 
