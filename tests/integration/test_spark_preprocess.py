@@ -196,9 +196,9 @@ def test_byte_blocks_hold_every_line_exactly_once(tmp_path, final_newline):
 
 
 def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, seed):
-    """Parquet row groups, a day partition and a text file with rejects, every feature kind:
-    worker processes and the Spark engine write the same rows, rejects, vocabulary and fitted
-    schema as one process."""
+    """Parquet row groups, a day partition and a text file with rejects, every feature kind
+    (a history sharing the item table, weighted and averaged tags): worker processes and the
+    Spark engine write the same rows, rejects, vocabulary and fitted schema as one process."""
     import csv
 
     import pyarrow as pa
@@ -214,25 +214,32 @@ def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, see
                           for x in rng.lognormal(2, 1, n)],
                 "user": [f"u{i}" for i in rng.integers(0, 60, n)],
                 "item": rng.integers(0, 500, n).tolist(),
-                "tags": [rng.integers(0, 40, rng.integers(0, 7)).tolist() for _ in range(n)]}
+                "tags": [rng.integers(0, 40, rng.integers(0, 7)).tolist() for _ in range(n)],
+                "hist": [rng.integers(0, 500, rng.integers(0, 9)).tolist() for _ in range(n)]}
+
+    def weighted(d):
+        d["tag_w"] = [np.round(rng.uniform(0.1, 3, len(t)), 3).tolist() for t in d["tags"]]
+        return d
 
     for day in ("2026-01-01", "2026-01-02"):
         (tmp_path / f"day={day}").mkdir()
-        t = pa.table(frame(900), schema=pa.schema([
+        t = pa.table(weighted(frame(900)), schema=pa.schema([
             ("click", pa.int64()), ("price", pa.float64()), ("user", pa.string()),
-            ("item", pa.int64()), ("tags", pa.list_(pa.int64()))]))
+            ("item", pa.int64()), ("tags", pa.list_(pa.int64())),
+            ("hist", pa.list_(pa.int64())), ("tag_w", pa.list_(pa.float64()))]))
         pq.write_table(t, tmp_path / f"day={day}" / "part.parquet", row_group_size=250)
-    rows = frame(400)
+    rows = weighted(frame(400))
     with open(tmp_path / "day=2026-01-03.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["click", "price", "user", "item", "tags", "day"])
+        w.writerow(["click", "price", "user", "item", "tags", "hist", "tag_w", "day"])
         for i in range(400):
             tags = "|".join(map(str, rows["tags"][i]))
+            tag_w = "|".join(map(str, rows["tag_w"][i] + ([1.5] if i % 61 == 5 else [])))
             price = "" if rows["price"][i] is None else rows["price"][i]
             if i % 53 == 7:
                 price = "n/a"  # rejected: not a number
             w.writerow([rows["click"][i], price, rows["user"][i], rows["item"][i], tags,
-                        "2026-01-03"])
+                        "|".join(map(str, rows["hist"][i])), tag_w, "2026-01-03"])
     schema = parse_features({
         "label": "click",
         "dense": [{"name": "price", "transforms": ["log1p", "standardize"]},
@@ -240,6 +247,8 @@ def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, see
         "sparse": [{"name": "user", "id_type": "string", "ids": "vocab", "min_count": 3},
                    {"name": "item", "ids": "hash"}, {"name": "day", "id_type": "string"},
                    {"name": "tags", "kind": "multi_hot", "max_len": 4,
+                    "truncate": "keep_last", "weights": "tag_w", "pooling": "mean"},
+                   {"name": "hist", "kind": "multi_hot", "table": "item", "max_len": 6,
                     "truncate": "keep_last"}],
         "tables": [{"name": "item", "rows": 97}, {"name": "day", "rows": 8},
                    {"name": "tags", "rows": 50, "dim": 8}]})
@@ -259,10 +268,13 @@ def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, see
             rejects = fh.read().splitlines()
         got[name] = (tables, man, rejects, pq.read_table(man["vocabulary_path"]))
     a, ma, ra, va = got["pyarrow"]
-    assert ma["rows_rejected"] == 8 and len(ra) == 9
+    # 8 prices that are not numbers, 7 rows with one weight more than their tags
+    assert ma["rows_rejected"] == 15 and len(ra) == 16
+    assert sum("bad weights: tags has" in line for line in ra) == 7
+    assert "tags.weights" in a["train"].column_names
     for other in ("workers", "spark"):  # worker processes and Spark tasks: one part per unit
         b, mb, rb, vb = got[other]
-        assert mb["rows_rejected"] == 8
+        assert mb["rows_rejected"] == 15
         assert ra == [line.replace(str(tmp_path / other), str(tmp_path / "pyarrow"))
                       for line in rb]
         for s in SPLITS:

@@ -328,3 +328,57 @@ def test_hex_ids_read_as_their_value(rng):
     want = [int(w, 16) for w in words]
     assert _hex_values(pa.array(words)).tolist() == want
     assert _hex_values(pa.array(["ffffffffffffffff"])).tolist() == [-1]  # the 64-bit pattern
+
+
+def test_weights_follow_their_ids_and_a_shared_table_has_one_vocabulary(tmp_path, rng):
+    """A weighted multi-hot list (keep_last) and a history sharing the item table's vocabulary:
+    the written weights are the raw ones of the ids kept, in order; one raw id is one row for
+    both features; a row whose weights do not match its ids is rejected with its reason; the
+    loader's batches carry the weights (1 for unweighted features)."""
+    n = 400
+    tags = [rng.integers(0, 30, rng.integers(0, 7)).tolist() for _ in range(n)]
+    tag_w = [np.round(rng.uniform(0.1, 3, len(t)), 3).tolist() for t in tags]
+    tag_w[4] = tag_w[4] + [2.0]  # one weight too many
+    tags[9] = tags[9] or [3]
+    tag_w[9] = [None] * len(tag_w[9]) if tag_w[9] else [None]  # a null weight
+    items = rng.integers(0, 50, n)
+    hist = [rng.integers(0, 60, rng.integers(0, 5)).tolist() for _ in range(n)]
+    pq.write_table(pa.table({"label": rng.integers(0, 2, n), "item": items,
+                             "hist": pa.array(hist, pa.list_(pa.int64())),
+                             "tags": pa.array(tags, pa.list_(pa.int64())),
+                             "tag_w": pa.array(tag_w, pa.list_(pa.float64()))}),
+                   tmp_path / "a.parquet")
+    schema = parse_features({"sparse": [
+        {"name": "item", "ids": "vocab", "table": "items"},
+        {"name": "hist", "kind": "multi_hot", "ids": "vocab", "table": "items"},
+        {"name": "tags", "kind": "multi_hot", "max_len": 4, "truncate": "keep_last",
+         "weights": "tag_w", "pooling": "mean"}],
+        "tables": [{"name": "tags", "rows": 100}]})
+    man = load_manifest(preprocess_table([tmp_path / "a.parquet"], tmp_path / "out",
+                                         cfg(tmp_path / "out"), schema).manifest_path)
+    fitted = FittedSchema.of(man)
+    assert fitted.table_names == ("items", "tags") and fitted.feature_tables() == (0, 0, 1)
+    assert fitted.pooling() == ("sum", "sum", "mean") and fitted.weighted == ("tags",)
+    reasons = {int(r["line"]) - 1: r["reason"] for r in read_rejects(man)}
+    assert reasons[4] == f"bad weights: tags has {len(tags[4]) + 1} weights for {len(tags[4])} " \
+                         "ids (column tag_w)"
+    assert reasons[9] == "null in list: tag_w holds a null weight (tags)"
+    got = rows_of(man)
+    assert set(got) | set(reasons) == set(range(n)) and not set(got) & set(reasons)
+    row_of_raw: dict[int, int] = {}
+    for r, row in got.items():
+        assert row["tags"] == [v % 100 for v in tags[r][-4:]]
+        assert row["tags.weights"] == pytest.approx(tag_w[r][-4:], rel=1e-6)
+        for raw, mapped in zip([int(items[r])] + hist[r], row["item"] + row["hist"]):
+            assert row_of_raw.setdefault(raw, mapped) == mapped  # one row per raw id, both
+    assert man["table_sizes"][0] == len(set(row_of_raw.values())) + (
+        0 if 0 in row_of_raw.values() else 1)  # the vocabulary of both features, and its OOV
+    batch = next(iter(make_loader(man["splits"]["train"]["files"],
+                                  parse(LoaderConfig, {"batch_size": 64}, "loader"))))
+    w = batch.sparse.weights
+    assert w is not None and w.shape == batch.sparse.values.shape
+    n_item_hist = int(batch.sparse.lengths[:2].sum())
+    assert bool((w[:n_item_hist] == 1).all())
+    first = [got[int(r)] for r in batch.row_ids]
+    want = [x for row in first for x in row["tags.weights"]]
+    np.testing.assert_allclose(w[n_item_hist:].numpy(), want, rtol=1e-6)

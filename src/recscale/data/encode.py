@@ -20,6 +20,8 @@ import pyarrow as pa
 from recscale.data.schema import FittedSchema
 from recscale.data.vocab import Vocabulary
 
+WEIGHTS_OF = "recscale.weights_of"  # field metadata of a weights column: the feature's name
+
 
 @dataclass
 class Parsed:
@@ -32,6 +34,8 @@ class Parsed:
     keys: list[tuple[np.ndarray, np.ndarray] | RowIds]
     bad: np.ndarray  # bool [n]
     reasons: dict[int, str] = field(default_factory=dict)  # row in block -> first reason
+    # per weighted sparse feature (its position): float32 weights aligned with its keys
+    weights: dict[int, np.ndarray] = field(default_factory=dict)
 
     def reject(self, rows: np.ndarray, reason: Callable[[int], str]) -> None:
         for r in np.flatnonzero(rows):
@@ -66,6 +70,10 @@ def output_schema(fitted: FittedSchema) -> pa.Schema:
     fields += [pa.field(n, pa.float32(), nullable=False) for n in fitted.dense_names]
     fields += [pa.field(n, pa.list_(pa.int64()) if bags else pa.int64())
                for n in fitted.sparse_names]
+    # the ids' weights of weighted features, after every feature, marked for the loader
+    fields += [pa.field(f.weights_column, pa.list_(pa.float32()),
+                        metadata={WEIGHTS_OF: f.name})
+               for f in fitted.schema.sparse_inputs if f.weights]
     return pa.schema(fields)
 
 
@@ -124,4 +132,13 @@ def encode(p: Parsed, fitted: FittedSchema, vocab: Vocabulary | None,
             full = np.zeros(len(lengths), np.int64)
             full[lengths > 0] = mapped
             cols.append(pa.array(full, mask=lengths == 0))
+    for j, f in enumerate(schema.sparse):
+        if f.weights:
+            lengths = p.keys[j][0]
+            w = p.weights[j]
+            if not everything:
+                lengths, w = split_keys(lengths, w, keep)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            cols.append(pa.ListArray.from_arrays(pa.array(offsets),
+                                                 pa.array(w.astype(np.float32), pa.float32())))
     return pa.Table.from_arrays(cols, schema=output_schema(fitted)), present_ids

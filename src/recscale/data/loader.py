@@ -29,6 +29,7 @@ import torchdata.nodes as tn
 
 from recscale.config import Validated, check
 from recscale.data.batch import Batch, SparseFeatures
+from recscale.data.encode import WEIGHTS_OF
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class BagColumns:
     lengths: np.ndarray  # int64 [n, T]
     values: np.ndarray  # int64 [lengths.sum()]
     keys: tuple[str, ...] = ()  # the sparse features' names
+    weights: np.ndarray | None = None  # float32, one per value (1 for unweighted features)
     _starts: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -144,14 +146,17 @@ class BagColumns:
             self._starts = np.concatenate([[0], np.cumsum(self.lengths.sum(axis=1))])
         lo, hi = int(self._starts[a]), int(self._starts[b])
         return BagColumns(self.row[a:b], self.label[a:b], self.dense[a:b], self.lengths[a:b],
-                          self.values[lo:hi], self.keys)
+                          self.values[lo:hi], self.keys,
+                          None if self.weights is None else self.weights[lo:hi])
 
     @staticmethod
     def concat(parts: Sequence[BagColumns]) -> BagColumns:
         if len(parts) == 1:
             return parts[0]
+        weights = None if parts[0].weights is None else np.concatenate([p.weights for p in parts])
         return BagColumns(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                            ("row", "label", "dense", "lengths", "values")), keys=parts[0].keys)
+                            ("row", "label", "dense", "lengths", "values")), keys=parts[0].keys,
+                          weights=weights)
 
 
 def regroup(lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -170,21 +175,33 @@ def regroup(lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
 def parquet_features(schema: pa.Schema) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(dense feature names, sparse feature names) of a preprocessed file, in its column order:
     every float column but ``label`` is a dense feature, every integer or list column but
-    ``row`` a sparse one."""
+    ``row`` a sparse one (a column of id weights, marked ``WEIGHTS_OF``, is neither)."""
     dense, sparse = [], []
     for f in schema:
-        if f.name in ("row", "label"):
+        if f.name in ("row", "label") or _weights_of(f) is not None:
             continue
         (dense if pa.types.is_floating(f.type) else sparse).append(f.name)
     return tuple(dense), tuple(sparse)
 
 
+def _weights_of(f: pa.Field) -> str | None:
+    """The feature whose id weights a column holds, or None."""
+    meta = f.metadata or {}
+    got = meta.get(WEIGHTS_OF.encode())
+    return got.decode() if got is not None else None
+
+
 def _read_bags(table, dense_names, sparse_names) -> BagColumns:
-    lengths, flat = [], []
+    lengths, flat, weights = [], [], []
+    weighted = {_weights_of(f): f.name for f in table.schema if _weights_of(f) is not None}
     for name in sparse_names:
         col = table.column(name).combine_chunks()
         lengths.append(pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False))
         flat.append(pc.list_flatten(col).to_numpy(zero_copy_only=False))
+        if weighted:
+            weights.append(pc.list_flatten(table.column(weighted[name]).combine_chunks())
+                           .to_numpy(zero_copy_only=False) if name in weighted
+                           else np.ones(len(flat[-1]), np.float32))
     n = table.num_rows
     lengths_tn = np.stack(lengths).astype(np.int64) if n else np.zeros((len(sparse_names), 0),
                                                                       np.int64)
@@ -196,6 +213,8 @@ def _read_bags(table, dense_names, sparse_names) -> BagColumns:
         lengths=np.ascontiguousarray(lengths_tn.T),
         values=regroup(lengths_tn, values),
         keys=sparse_names,
+        weights=regroup(lengths_tn, np.concatenate(weights).astype(np.float32, copy=False))
+        if weighted else None,
     )
 
 
@@ -273,9 +292,14 @@ def empty_columns(keys: Sequence[str], num_dense: int) -> Columns:
                    np.zeros((0, len(keys)), bool), tuple(keys))
 
 
-def empty_batch(keys: Sequence[str], num_dense: int) -> Batch:
-    """A batch of no rows of a dataset with sparse features ``keys`` and ``num_dense`` dense."""
-    return to_batch(empty_columns(keys, num_dense))
+def empty_batch(keys: Sequence[str], num_dense: int, weighted: bool = False) -> Batch:
+    """A batch of no rows of a dataset with sparse features ``keys`` and ``num_dense`` dense
+    (``weighted``: with its empty id weights, as the dataset's other batches have them: a
+    sharded step's exchanges carry weights on every rank or on none)."""
+    batch = to_batch(empty_columns(keys, num_dense))
+    if weighted:
+        batch.sparse.weights = torch.zeros(0, dtype=torch.float32)
+    return batch
 
 
 def empty_like(batch: Batch | None) -> Batch:
@@ -283,13 +307,16 @@ def empty_like(batch: Batch | None) -> Batch:
     if batch is None:
         raise RuntimeError("this rank's rows ran out before its first batch and its EpochData "
                            "names no empty batch of the dataset's features (EpochData.empty)")
-    return empty_batch(batch.sparse.keys, int(batch.dense.shape[1]))
+    return empty_batch(batch.sparse.keys, int(batch.dense.shape[1]),
+                       batch.sparse.weights is not None)
 
 
 def to_batch(cols: Columns | BagColumns) -> Batch:
     if isinstance(cols, BagColumns):
         sparse = SparseFeatures(cols.keys, torch.from_numpy(regroup(cols.lengths, cols.values)),
-                                torch.from_numpy(np.ascontiguousarray(cols.lengths.T)))
+                                torch.from_numpy(np.ascontiguousarray(cols.lengths.T)),
+                                None if cols.weights is None else
+                                torch.from_numpy(regroup(cols.lengths, cols.weights)))
         return Batch(torch.from_numpy(np.ascontiguousarray(cols.dense)), sparse,
                      torch.from_numpy(np.ascontiguousarray(cols.label)),
                      torch.from_numpy(np.ascontiguousarray(cols.row)))

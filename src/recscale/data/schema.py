@@ -187,6 +187,9 @@ class SparseFeature(Validated):
     delimiter: str = "|"  # multi_hot in a text source: the list's separator
     min_id: int | None = None  # id_type int: a smaller id rejects its row (null: any integer)
     pooling: Literal["sum", "mean"] = "sum"  # a bag's ids summed, or averaged (an empty bag: 0)
+    # multi_hot: the column of each id's weight (a list as long as the ids', or in text a
+    # string split at ``delimiter``); the bag is the weighted sum (or its mean). null: weight 1
+    weights: str | None = None
 
     @property
     def source(self) -> str:
@@ -217,6 +220,14 @@ class SparseFeature(Validated):
               "'int' with ids: index (the ids are the table's rows)")
         check(self.min_id is None or self.id_type == "int", f"{prefix}.min_id", self.min_id,
               "null unless id_type is 'int'")
+        check(self.weights is None or (self.kind == "multi_hot" and isinstance(self.weights, str)
+                                       and bool(self.weights)), f"{prefix}.weights",
+              self.weights, "null, or for a multi_hot feature the column of its ids' weights")
+
+    @property
+    def weights_column(self) -> str:
+        """The processed parquet's column of this feature's id weights."""
+        return f"{self.name}.weights"
 
 
 @dataclass(frozen=True)
@@ -374,6 +385,11 @@ class FittedSchema:
     @property
     def sparse_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.schema.sparse_inputs)
+
+    @property
+    def weighted(self) -> tuple[str, ...]:
+        """The sparse features whose ids carry weights."""
+        return tuple(f.name for f in self.schema.sparse_inputs if f.weights)
 
     @property
     def num_dense(self) -> int:

@@ -7,8 +7,9 @@ holds ``Poisson(pooling)`` of them (empty is missing); ids are written as the fe
 ``id_type`` says: integers (spread over a wide range), strings (``"<name>-<k>"``) or hex. A dense
 feature's raw value is log-normal. Missing values: ``missing`` of the rows (null).
 
-The planted model: every id has an effect, a bag's effect is the sum of its ids' over
-``sqrt(pooling)``, the first pairs of sparse features have low-rank crosses of their (summed)
+The planted model: every id has an effect, a bag's effect is the sum of its ids' (each times
+its weight, drawn in [0.2, 2) for a feature with ``weights``) over ``sqrt(pooling)``, or over
+the bag's length for ``pooling: mean``; the first pairs of sparse features have low-rank crosses of their (summed)
 vectors, every dense feature has a linear effect on ``log1p`` of its value. The label is
 Bernoulli(sigmoid(logit + bias)), the bias set so the mean click rate is ``base_ctr``. The
 probability of every row is written beside the file (``<file>.oracle.npy``) and the AUC of those
@@ -106,8 +107,15 @@ class SchemaPlantedModel:
             w = 1.0 / np.arange(1, d.cardinality + 1) ** cfg.zipf_exponent
             self.cdf[f.name] = np.cumsum(w) / w.sum()
             self.effects[f.name] = rng.normal(0, 0.6 * s * d.effect, d.cardinality)
-            # raw integer ids: spread over a wide range, distinct
-            self.codes[f.name] = rng.choice(1 << 40, d.cardinality, replace=False)
+            # raw integer ids: spread over a wide range, distinct; a feature sharing an earlier
+            # one's table (a history of items) draws from that one's ids, as many as it has
+            first = next(g for g in self.sparse if g.table_name == f.table_name)
+            self.codes[f.name] = rng.choice(1 << 40, d.cardinality, replace=False) \
+                if first is f else self.codes[first.name][
+                    np.arange(d.cardinality) % len(self.codes[first.name])]
+            if first is not f:  # the same items have the same effect (scaled by its own)
+                base = self.effects[first.name] / max(self.draws[first.name].effect, 1e-12)
+                self.effects[f.name] = d.effect * base[np.arange(d.cardinality) % len(base)]
         pairs = [(a, b) for i, a in enumerate(self.sparse) for b in self.sparse[i + 1:]]
         self.crosses = []
         for a, b in pairs[: cfg.crosses]:
@@ -145,22 +153,30 @@ class SchemaPlantedModel:
             present = rng.random(n) >= d.missing
             if f.kind == "multi_hot":
                 lengths = np.where(present, rng.poisson(d.pooling, n), 0).astype(np.int64)
-                scale = 1.0 / np.sqrt(d.pooling)
+                scale = np.full(n, 1.0 / np.sqrt(d.pooling))
             else:
                 lengths = present.astype(np.int64)
-                scale = 1.0
+                scale = np.ones(n)
+            if f.pooling == "mean":
+                scale = 1.0 / np.maximum(lengths, 1)
             ranks = np.minimum(np.searchsorted(self.cdf[f.name], rng.random(int(lengths.sum()))),
                                d.cardinality - 1)
             rows = np.repeat(np.arange(n), lengths)
-            logit += scale * np.bincount(rows, self.effects[f.name][ranks], minlength=n)
-            summed[f.name] = (rows, ranks, scale)
+            wt = np.ones(len(ranks))
+            if f.weights:
+                wt = np.round(rng.uniform(0.2, 2.0, len(ranks)), 3)
+                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+                cols[f.weights] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(wt))
+            logit += scale * np.bincount(rows, self.effects[f.name][ranks] * wt, minlength=n)
+            summed[f.name] = (rows, ranks, scale, wt)
             if f.source not in cols:
                 cols[f.source] = self._ids(f, ranks, lengths, present)
         for a, b, u, v in self.crosses:
-            ra, ka, sa = summed[a]
-            rb, kb, sb = summed[b]
-            ua = np.stack([np.bincount(ra, u[ka, c], minlength=n) for c in range(2)], 1) * sa
-            vb = np.stack([np.bincount(rb, v[kb, c], minlength=n) for c in range(2)], 1) * sb
+            ra, ka, sa, wa = summed[a]
+            rb, kb, sb, wb = summed[b]
+            ua = np.stack([np.bincount(ra, u[ka, c] * wa, minlength=n) for c in range(2)], 1)
+            vb = np.stack([np.bincount(rb, v[kb, c] * wb, minlength=n) for c in range(2)], 1)
+            ua, vb = ua * sa[:, None], vb * sb[:, None]
             logit += (ua * vb).sum(1)
         return cols, logit
 

@@ -97,7 +97,10 @@ def _keys(values: pa.Array, f: SparseFeature, where: np.ndarray, p: Parsed) -> n
     return _hex_values(good)
 
 
-def _bags(col, f: SparseFeature, max_bag: int, p: Parsed) -> tuple[np.ndarray, np.ndarray]:
+def _bags(col, f: SparseFeature, max_bag: int, p: Parsed,
+          weights: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse feature's column -> (lengths, keys); ``weights``: [the weights column] for a
+    weighted feature, replaced by its weights aligned with the keys kept."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if f.kind == "categorical":
         present = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
@@ -134,8 +137,51 @@ def _bags(col, f: SparseFeature, max_bag: int, p: Parsed) -> tuple[np.ndarray, n
     keep &= ~nulls
     keys = _keys(pc.filter(flat, pa.array(keep)), f, row_of[keep], p) if keep.any() else \
         np.zeros(0, np.int64)
+    if weights is not None:  # the same ids kept: the same weights
+        weights.append(_weights(weights.pop(), f, lengths, p)[keep])
     lengths = np.bincount(row_of[keep], minlength=p.n).astype(np.int64)
     return lengths, keys
+
+
+def _weights(col, f: SparseFeature, lengths: np.ndarray, p: Parsed) -> np.ndarray:
+    """A weighted feature's weights column -> float64 weights, one per id (before truncation);
+    a row whose weights are not numbers, hold a null or are not as many as its ids is
+    rejected."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = pc.if_else(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True),
+                         pa.scalar(None, col.type), col)
+        col = pc.split_pattern(col, f.delimiter)
+    n_w = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    n_w = n_w.astype(np.int64)
+    short = n_w != lengths
+    p.reject(short, lambda r: f"bad weights: {f.name} has {n_w[r]} weights for {lengths[r]} ids "
+             f"(column {f.weights})")
+    flat = pc.list_flatten(col)
+    where = np.repeat(np.arange(p.n), n_w)
+    x, present = _numbers(flat, f.weights, Parsed(len(flat), None, [], [], np.zeros(len(flat), bool)),
+                          "bad weight")
+    nulls = ~np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if nulls.any():
+        reject_values(where, nulls, nulls, p,
+                      lambda v: f"null in list: {f.weights} holds a null weight ({f.name})")
+    bad = (~present | ~np.isfinite(x)) & ~nulls
+    if pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type):
+        ok = np.asarray(pc.fill_null(pc.match_substring_regex(flat, _NUMBER), False)
+                        .to_numpy(zero_copy_only=False), dtype=bool)
+        bad |= ~ok & ~nulls
+    if bad.any():
+        shown = flat.to_numpy(zero_copy_only=False)
+        reject_values(where, bad, shown, p,
+                      lambda v: f"bad weight: {f.weights}={str(v)[:40]!r} is not a number")
+    if short.any():  # align: the rows whose counts differ keep no weights (they are rejected)
+        out = np.zeros(int(lengths.sum()), np.float64)
+        ok_rows = ~short
+        src = np.repeat(ok_rows, n_w)
+        dst = np.repeat(ok_rows, lengths)
+        out[dst] = x[src]
+        return out
+    return x
 
 
 def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int) -> Parsed:
@@ -148,8 +194,11 @@ def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int) -> Parsed:
     p.label = np.where(ok, lab, 0).astype(np.int8)
     for f in schema.dense:
         p.dense.append(_numbers(t.column(f.source), f.name, p, "bad dense value"))
-    for f in schema.sparse:
-        lengths, keys = _bags(t.column(f.source), f, max_bag, p)
+    for j, f in enumerate(schema.sparse):
+        w = [t.column(f.weights)] if f.weights else None
+        lengths, keys = _bags(t.column(f.source), f, max_bag, p, w)
+        if w is not None:
+            p.weights[j] = w[0].astype(np.float32)
         if f.min_id is not None and (keys < f.min_id).any():
             reject_values(np.repeat(np.arange(p.n), lengths), keys < f.min_id, keys, p,
                           lambda v, f=f: f"negative id: {f.name}={int(v)}" if f.min_id == 0

@@ -71,6 +71,8 @@ def _needs(schema: FeatureSchema) -> list[tuple[str, str, str]]:
     for i, f in enumerate(schema.sparse):
         what = "list" if f.kind == "multi_hot" else ("integer" if f.id_type == "int" else "string")
         out.append((f.source, f"features.sparse[{i}] ({f.name})", what))
+        if f.weights:
+            out.append((f.weights, f"features.sparse[{i}].weights ({f.name})", "numbers"))
     return out
 
 
@@ -85,6 +87,10 @@ def _holds(t: pa.DataType, what: str, text: bool) -> bool:
         return pa.types.is_integer(t) or pa.types.is_floating(t)
     if what == "string":
         return pa.types.is_integer(t)
+    if what == "numbers":
+        return pa.types.is_string(t) or pa.types.is_large_string(t) or (
+            (pa.types.is_list(t) or pa.types.is_large_list(t))
+            and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)))
     if what == "list":
         return (pa.types.is_list(t) or pa.types.is_large_list(t)) and \
             (pa.types.is_integer(t.value_type) or pa.types.is_string(t.value_type)
@@ -97,7 +103,8 @@ def check_columns(files: Sequence[str], schema: FeatureSchema, delimiter: str) -
     ConfigError naming the column, the file and the type expected."""
     expected = {"number": "a number (integer or float)", "integer": "integers (id_type: int)",
                 "string": "strings or integers (id_type: string)",
-                "list": "a list of integers or strings, or a delimited string (multi_hot)"}
+                "list": "a list of integers or strings, or a delimited string (multi_hot)",
+                "numbers": "a list of numbers, or a delimited string (the ids' weights)"}
     for f in files:
         if not os.path.exists(f):
             raise ConfigError(f"data.files: {f!r} does not exist")

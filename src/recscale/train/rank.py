@@ -44,7 +44,8 @@ def loader_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_size: i
     steps = max(math.ceil(c / train_cfg.batch_size_per_rank) for c in shares)
     return EpochData(lambda work=None: make_loader(files, cfg, work), steps, sum(shares),
                      train_cfg.batch_size_per_rank,
-                     empty=empty_batch(fitted.sparse_names, fitted.num_dense))
+                     empty=empty_batch(fitted.sparse_names, fitted.num_dense,
+                                       bool(fitted.weighted)))
 
 
 def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
