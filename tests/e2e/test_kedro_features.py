@@ -46,14 +46,18 @@ def test_the_clicklog_env_trains_on_its_schema_and_logs_the_fitted_schema(tmp_pa
     assert [f["name"] for f in fitted["schema"]["sparse"]] == \
         [f["name"] for f in env["features"]["sparse"]]
     rows = {t["name"]: t["rows"] for t in fitted["tables"]}
-    assert 300 < rows.pop("item_id") <= 401  # the vocabulary's ids seen twice, and the OOV row
-    assert rows == {"user_id": 60000, "device": 7, "genres": 4000, "history": 40000,
+    # one vocabulary for item_id and history (the same items): ids seen twice, and the OOV row
+    assert 300 < rows.pop("items") <= 401
+    assert rows == {"user_id": 60000, "device": 7, "genres": 4000, "interests": 4000,
                     "price_band": 6}
     assert set(fitted["stats"]) == {"price"} and fitted["stats"]["price"]["std"] > 0
     plan = client.download_artifacts(run["run_id"], "sharding/sharding_plan.json", str(tmp_path))
-    dims = {t["name"]: t["embedding_dim"] for t in json.loads(Path(plan).read_text())["tables"]}
-    assert dims == {"t_user_id": 16, "t_item_id": 16, "t_device": 8, "t_genres": 8,
-                    "t_history": 16, "t_price_band": 4}
+    tables = json.loads(Path(plan).read_text())["tables"]
+    dims = {t["name"]: t["embedding_dim"] for t in tables}
+    assert dims == {"t_user_id": 16, "t_items": 16, "t_device": 8, "t_genres": 8,
+                    "t_interests": 8, "t_price_band": 4}
+    assert {t["name"]: tuple(t["feature_names"]) for t in tables}["t_items"] == \
+        ("item_id", "history")  # one table, both features
 
 
 SCHEMA = {"label": "clicked",

@@ -23,7 +23,6 @@ import numpy as np
 import pyarrow as pa
 
 from recscale.data.criteo import (
-    NUM_SPARSE,
     RejectedRowsError,
     RejectLog,
     count_lines,
@@ -45,7 +44,7 @@ from recscale.data.processed import (  # noqa: F401  (SPLITS, PreprocessConfig, 
     split_bounds,
     write_split_rows,
 )
-from recscale.data.schema import FeatureSchema
+from recscale.data.schema import FeatureSchema, criteo_sparse_names
 from recscale.data.spark_preprocess import preprocess_criteo_spark
 from recscale.data.spark_table import preprocess_table_spark
 from recscale.data.table_preprocess import preprocess_table_pyarrow
@@ -67,7 +66,7 @@ def _preprocess_file(index: int, path: str, offset: int, bounds: np.ndarray, tot
     rejects = RejectLog(path=rejects_path, total_lines=total, max_fraction=cfg.max_reject_fraction)
     writers = {s: SplitWriter(out / s / f"part-{index:05d}.parquet", cfg.row_group_size,
                                cfg.compression, keep_empty=False) for s in SPLITS}
-    present = np.zeros(NUM_SPARSE, dtype=np.int64)
+    present = np.zeros(len(criteo_sparse_names()), dtype=np.int64)
     written = 0
     try:
         for block in read_criteo_tsv(path, rejects, cfg.chunk_bytes):
@@ -106,7 +105,7 @@ def _run_jobs(jobs, cfg, line_counts, total, results, progress) -> None:
 def _count_train_ids(files: Sequence[str | os.PathLike], offsets: np.ndarray, train_end: int,
                      chunk_bytes: int) -> IdCounter:
     """Per-feature id counts over the rows before ``train_end`` (rejected lines count nothing)."""
-    counter = IdCounter(NUM_SPARSE)
+    counter = IdCounter(len(criteo_sparse_names()))
     for f, offset in zip(files, offsets):
         if offset >= train_end:
             break

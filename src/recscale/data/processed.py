@@ -21,13 +21,11 @@ import pyarrow.parquet as pq
 
 from recscale.config import ConfigError, Validated, check, check_choice, to_dict
 from recscale.data.criteo import (
-    NUM_SPARSE,
-    SPARSE_NAMES,
     CriteoBlock,
     RejectedRowsError,
 )
 from recscale.data.encode import Parsed, RowIds, encode, output_schema
-from recscale.data.schema import FittedSchema, criteo_schema
+from recscale.data.schema import FittedSchema, criteo_schema, criteo_sparse_names
 from recscale.data.vocab import (
     VOCAB_NAME,
     IdCounter,
@@ -72,8 +70,9 @@ class PreprocessConfig(Validated):
 
     def validate(self, prefix: str = "preprocess") -> None:
         if self.table_sizes is not None:
-            check(len(self.table_sizes) == NUM_SPARSE and all(t >= 1 for t in self.table_sizes),
-                  f"{prefix}.table_sizes", self.table_sizes, f"{NUM_SPARSE} positive integers")
+            n = len(criteo_sparse_names())
+            check(len(self.table_sizes) == n and all(t >= 1 for t in self.table_sizes),
+                  f"{prefix}.table_sizes", self.table_sizes, f"{n} positive integers")
         check(self.max_table_size >= 1, f"{prefix}.max_table_size", self.max_table_size, ">= 1")
         check(self.hash_size_multiplier >= 1, f"{prefix}.hash_size_multiplier",
               self.hash_size_multiplier, ">= 1")
@@ -99,7 +98,7 @@ class PreprocessConfig(Validated):
         if hint is not None:
             return tuple(min(self.max_table_size, math.ceil(h * self.hash_size_multiplier))
                          for h in hint)
-        return (self.max_table_size,) * NUM_SPARSE
+        return (self.max_table_size,) * len(criteo_sparse_names())
 
 
 def criteo_fitted(table_sizes: Sequence[int], ids: str = "hash") -> FittedSchema:
@@ -109,7 +108,7 @@ def criteo_fitted(table_sizes: Sequence[int], ids: str = "hash") -> FittedSchema
 
 def parquet_schema() -> pa.Schema:
     """The Criteo preset's processed columns."""
-    return output_schema(criteo_fitted([1] * NUM_SPARSE))
+    return output_schema(criteo_fitted([1] * len(criteo_sparse_names())))
 
 
 def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray,
@@ -252,8 +251,8 @@ def split_bounds(total: int, splits: Sequence[float]) -> np.ndarray:
 def resolve_vocabulary(counter: IdCounter, cfg: PreprocessConfig, out: Path) -> tuple[Vocabulary, str]:
     """Counts of the training rows -> the vocabulary (grown from ``cfg.vocab.path`` if given),
     saved as ``out/vocabulary.parquet``."""
-    existing = load_vocabulary(cfg.vocab.path, SPARSE_NAMES) if cfg.vocab.path else None
-    vocab = build_vocabulary(counter, cfg.vocab, existing, SPARSE_NAMES)
+    existing = load_vocabulary(cfg.vocab.path, criteo_sparse_names()) if cfg.vocab.path else None
+    vocab = build_vocabulary(counter, cfg.vocab, existing, criteo_sparse_names())
     path = vocab.save(out / VOCAB_NAME)
     log.info("vocabulary: %d ids over %d features (min_count=%d, max_size=%s%s) -> %s",
              sum(len(a) for a in vocab.ids), len(vocab.ids), cfg.vocab.min_count,

@@ -27,6 +27,7 @@ or cut to its first or last ``max_len`` (``keep_first`` / ``keep_last``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -353,6 +354,13 @@ def criteo_schema(embedding_dim: int | None = None, kind: str = "categorical",
 
 
 PRESETS = ("criteo",)
+
+
+@functools.lru_cache(maxsize=1)
+def criteo_sparse_names() -> tuple[str, ...]:
+    """The Criteo preset's id features, in order: what the Criteo TSV engines, their
+    ``preprocess.table_sizes`` and the retrain's day files are laid out by."""
+    return tuple(f.name for f in criteo_schema().sparse)
 
 
 def parse_features(value: Any, prefix: str = "features") -> FeatureSchema:

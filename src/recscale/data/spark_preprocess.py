@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recscale.data.criteo import NUM_SPARSE, SPARSE_NAMES, RejectLog, _parse_block
+from recscale.data.criteo import RejectLog, _parse_block
 from recscale.data.processed import (
     SPLITS,
     FileResult,
@@ -56,6 +56,7 @@ from recscale.data.processed import (
     split_bounds,
     write_split_rows,
 )
+from recscale.data.schema import criteo_sparse_names
 from recscale.data.vocab import IdCounter, Vocabulary, load_vocabulary
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
     def count(b):
         import pyarrow as pa
 
-        counter = IdCounter(NUM_SPARSE)
+        counter = IdCounter(len(criteo_sparse_names()))
         quiet = RejectLog(path=None, max_fraction=1.0)  # the writing pass records the rejects
         line = b["first_line"]
         offset = b["row_base"] - b["first_line"] + 1
@@ -196,7 +197,7 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
 
     train = [b for b in blocks if b["row_base"] < train_end]
     if not train:
-        return IdCounter(NUM_SPARSE)
+        return IdCounter(len(criteo_sparse_names()))
     counts = (_map_blocks(spark, train, count, "f int, id long, n long")
               .groupBy("f", "id").agg(F.sum("n").alias("n")))
     keep = F.col("n") >= cfg.vocab.min_count
@@ -207,11 +208,11 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
         counts = counts.join(F.broadcast(known), ["f", "id"], "left")
         keep = keep | F.col("known").isNotNull()
     table = counts.where(keep).select("f", "id", "n").toArrow()
-    counter = IdCounter(NUM_SPARSE)
+    counter = IdCounter(len(criteo_sparse_names()))
     f = table.column("f").to_numpy()
     ids = table.column("id").to_numpy().astype(np.int64)
     n = table.column("n").to_numpy().astype(np.int64)
-    for j in range(NUM_SPARSE):
+    for j in range(len(criteo_sparse_names())):
         sel = f == j
         order = np.argsort(ids[sel], kind="stable")
         counter.ids[j] = ids[sel][order]
@@ -232,7 +233,7 @@ def _block_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_s
         rejects = RejectLog(path=Path(out) / "rejects" / f"part-{blk:05d}.tsv", max_fraction=1.0)
         writers = {s: SplitWriter(Path(out) / s / f"part-{blk:05d}.parquet", cfg.row_group_size,
                                    cfg.compression, keep_empty=False) for s in SPLITS}
-        present = np.zeros(NUM_SPARSE, dtype=np.int64)
+        present = np.zeros(len(criteo_sparse_names()), dtype=np.int64)
         written = 0
         line = b["first_line"]
         offset = b["row_base"] - b["first_line"] + 1
@@ -302,7 +303,7 @@ def preprocess_criteo_spark(
         progress(0, total)
     vocab, vocab_path, vocab_bc = None, None, None
     if cfg.ids == "vocab":
-        existing = load_vocabulary(cfg.vocab.path, SPARSE_NAMES) if cfg.vocab.path else None
+        existing = load_vocabulary(cfg.vocab.path, criteo_sparse_names()) if cfg.vocab.path else None
         counter = _count_ids(spark, F, blocks, int(bounds[0]), cfg, existing)
         vocab, vocab_path = resolve_vocabulary(counter, cfg, out)
         table_sizes = np.asarray(vocab.table_sizes, dtype=np.int64)

@@ -19,8 +19,9 @@ import os
 import shutil
 from pathlib import Path
 
-from recscale.data.criteo import SPARSE_NAMES, count_lines
+from recscale.data.criteo import count_lines
 from recscale.data.preprocess import preprocess_criteo
+from recscale.data.schema import criteo_sparse_names
 from recscale.data.vocab import VocabularyMismatch, load_vocabulary
 from recscale.retrain.config import DLRMRetrainConfig
 from recscale.retrain.partitions import Partition
@@ -80,7 +81,7 @@ def warm_vocabulary(warm: WarmStart, model_dir: str | os.PathLike) -> str | None
             f"preprocess.ids='vocab': the warm start from {warm.source} ({warm.detail}) has table "
             f"sizes {list(warm.table_sizes)} but {Path(model_dir) / 'vocabularies'} keeps no "
             "vocabulary of those sizes (was it trained with ids: hash, or in another model_dir?)")
-    vocab = load_vocabulary(path, SPARSE_NAMES)  # the retrain reads Criteo day files
+    vocab = load_vocabulary(path, criteo_sparse_names())  # the retrain reads Criteo day files
     for name, have, want in zip(vocab.features, vocab.table_sizes, warm.table_sizes):
         if int(have) != int(want):
             raise VocabularyMismatch(
