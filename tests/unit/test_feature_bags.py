@@ -125,3 +125,10 @@ def test_a_table_no_feature_uses_or_an_unknown_pooling_is_refused():
         FeatureBags(inner, [0, 0, 1])
     with pytest.raises(ValueError, match="pooling 'max' of feature #1"):
         FeatureBags(inner, [0, 1, 2], ["sum", "max", "sum"])
+
+
+def test_an_empty_batch_gives_no_rows_of_every_feature():
+    emb = make()
+    sp = SparseFeatures(tuple(f"f{i}" for i in range(len(TABLES))), torch.zeros(0, dtype=torch.int64),
+                        torch.zeros(len(TABLES), 0, dtype=torch.int64), torch.zeros(0))
+    assert emb(sp).shape == (0, emb.output_dim)

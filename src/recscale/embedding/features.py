@@ -127,7 +127,8 @@ class FeatureBags(nn.Module):
     def _features(self, pooled: torch.Tensor, pend: FeatureStart) -> torch.Tensor:
         B = pend.B
         if not self._identity:
-            pooled = pooled.reshape(self.m, B, -1).transpose(0, 1).reshape(B, -1)
+            width = pooled.shape[1]  # explicit: a rank's batch may be empty
+            pooled = pooled.reshape(self.m, B, width).transpose(0, 1).reshape(B, self.m * width)
             pooled = pooled.index_select(1, self._cols)
         if self._mean:
             n = pend.lengths.to(pooled.dtype).clamp(min=1.0).t().index_select(1, self._owner)
