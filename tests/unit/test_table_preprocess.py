@@ -382,3 +382,19 @@ def test_weights_follow_their_ids_and_a_shared_table_has_one_vocabulary(tmp_path
     first = [got[int(r)] for r in batch.row_ids]
     want = [x for row in first for x in row["tags.weights"]]
     np.testing.assert_allclose(w[n_item_hist:].numpy(), want, rtol=1e-6)
+
+
+def test_weights_in_text_are_split_at_the_delimiter_and_a_non_number_is_a_reject(tmp_path):
+    (tmp_path / "a.csv").write_text(
+        "click,tags,tag_w\n1,3|4,0.5|2\n0,5,x\n1,,\n0,7|8|9,1|1.5|0.25\n")
+    schema = parse_features({"label": "click", "sparse": [
+        {"name": "tags", "kind": "multi_hot", "weights": "tag_w", "pooling": "mean"}],
+        "tables": [{"name": "tags", "rows": 16}]})
+    man = load_manifest(preprocess_table([tmp_path / "a.csv"], tmp_path / "out",
+                                         cfg(tmp_path / "out", max_reject_fraction=1.0),
+                                         schema).manifest_path)
+    assert [(r["line"], r["reason"]) for r in read_rejects(man)] == [
+        ("3", "bad weight: tag_w='x' is not a number")]
+    got = rows_of(man)
+    assert {r: (v["tags"], v["tags.weights"]) for r, v in got.items()} == {
+        0: ([3, 4], [0.5, 2.0]), 2: ([], []), 3: ([7, 8, 9], [1.0, 1.5, 0.25])}

@@ -97,6 +97,18 @@ def _keys(values: pa.Array, f: SparseFeature, where: np.ndarray, p: Parsed) -> n
     return _hex_values(good)
 
 
+def _lists(col, delimiter: str) -> tuple[np.ndarray, pa.Array]:
+    """A list column, or a text column of delimited lists (empty: null) -> (each row's length,
+    int64; the values flattened)."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = pc.if_else(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True),
+                         pa.scalar(None, col.type), col)
+        col = pc.split_pattern(col, delimiter)
+    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+    return lengths.astype(np.int64), pc.list_flatten(col)
+
+
 def _bags(col, f: SparseFeature, max_bag: int, p: Parsed,
           weights: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A sparse feature's column -> (lengths, keys); ``weights``: [the weights column] for a
@@ -111,13 +123,7 @@ def _bags(col, f: SparseFeature, max_bag: int, p: Parsed,
         keys = _keys(col.filter(pa.array(present)), f, rows, p) if len(rows) else \
             np.zeros(0, np.int64)
         return present.astype(np.int64), keys
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        col = pc.if_else(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True),
-                         pa.scalar(None, col.type), col)
-        col = pc.split_pattern(col, f.delimiter)
-    lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
-    lengths = lengths.astype(np.int64)
-    flat = pc.list_flatten(col)
+    lengths, flat = _lists(col, f.delimiter)
     row_of = np.repeat(np.arange(p.n), lengths)
     nulls = ~np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     if nulls.any():
@@ -147,17 +153,10 @@ def _weights(col, f: SparseFeature, lengths: np.ndarray, p: Parsed) -> np.ndarra
     """A weighted feature's weights column -> float64 weights, one per id (before truncation);
     a row whose weights are not numbers, hold a null or are not as many as its ids is
     rejected."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        col = pc.if_else(pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True),
-                         pa.scalar(None, col.type), col)
-        col = pc.split_pattern(col, f.delimiter)
-    n_w = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
-    n_w = n_w.astype(np.int64)
+    n_w, flat = _lists(col, f.delimiter)
     short = n_w != lengths
     p.reject(short, lambda r: f"bad weights: {f.name} has {n_w[r]} weights for {lengths[r]} ids "
              f"(column {f.weights})")
-    flat = pc.list_flatten(col)
     where = np.repeat(np.arange(p.n), n_w)
     x, present = _numbers(flat, f.weights, Parsed(len(flat), None, [], [], np.zeros(len(flat), bool)),
                           "bad weight")
