@@ -59,10 +59,16 @@ logging.getLogger("c10d-NullHandler-dcp_logger").setLevel(logging.INFO)
 def model_fingerprint(manifest: dict, model_cfg, train_cfg) -> dict:
     """What a checkpoint must agree on to be loaded into a model (any world size or plan)."""
     from recscale.config import to_dict
+    from recscale.data.schema import FittedSchema
 
+    fitted = FittedSchema.of(manifest)
+    # which table each feature looks up, how it pools, whether its ids are weighted: a
+    # checkpoint of another arrangement would load its tables and train them wrongly
+    features = {"tables": list(fitted.feature_tables()), "pooling": list(fitted.pooling()),
+                "weighted": list(fitted.weighted)}
     return {"table_sizes": list(manifest["table_sizes"]), "model": to_dict(model_cfg),
             "embedding_optimizer": train_cfg.embedding_optimizer.name,
-            "dense_optimizer": train_cfg.dense_optimizer.name}
+            "dense_optimizer": train_cfg.dense_optimizer.name, "features": features}
 
 
 def _fsync_dir(path: str) -> None:
