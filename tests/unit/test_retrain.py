@@ -248,3 +248,23 @@ def test_the_retrain_refuses_a_schema_of_its_own_naming_the_key():
                        "dlrm_retrain yet"):
         parse(DLRMRetrainConfig, {"data": {"source": "table", "files": ["x.csv"]},
                                   "features": {"sparse": [{"name": "item"}]}}, "")
+
+
+def test_a_warm_start_of_another_schema_is_refused_naming_the_feature():
+    """The retrain keeps its model's schema: the data's fitted schema against the one the
+    warm-start model was trained on (its resolved config), before any training."""
+    from recscale.data.schema import FittedSchema, criteo_schema
+    from recscale.retrain import DLRMRetrainConfig
+    from recscale.retrain.warm import train_warm
+
+    old = criteo_schema()
+    new = criteo_schema(ids="vocab")  # C1..C26 through a vocabulary: its rows mean other ids
+    sizes = [8] * len(old.sparse)
+    warm = WarmStart("champion", {}, {"table_sizes": sizes,
+                                      "schema": FittedSchema.fit(old, sizes).to_dict()})
+    manifest = {"table_sizes": sizes, "schema": FittedSchema.fit(new, sizes).to_dict(),
+                "ids": "vocab", "sparse_features": [f.name for f in new.sparse]}
+    with pytest.raises(ConfigError, match=r"the warm start from champion was trained on another "
+                                          r"feature schema: sparse feature C1 changed: ids "
+                                          r"'hash' -> 'vocab'"):
+        train_warm(manifest, parse(DLRMRetrainConfig, {}, ""), warm)

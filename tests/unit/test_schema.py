@@ -132,3 +132,24 @@ def test_tables_of_their_own_dims_build_a_model_and_dot_needs_one_dim(seed):
                                           r"different dims: table item has dim 16, the bottom "
                                           r"MLP's output 8"):
         recipe_for(manifest, dot, TrainConfig())
+
+
+def test_a_schema_change_is_named_by_its_first_feature():
+    from recscale.data.schema import schema_change
+
+    base = parse(FeatureSchema, MIXED, "features")
+    assert schema_change(base, base) is None
+    grown = parse(FeatureSchema, {**MIXED, "tables": [
+        {**t, "rows": (t.get("rows") or 0) + 7} for t in MIXED.get("tables", [])]}, "features")
+    assert schema_change(base, grown) is None  # rows may grow (a vocabulary)
+    fewer = parse(FeatureSchema, {**MIXED, "dense": MIXED["dense"][:1]}, "features")
+    assert schema_change(base, fewer) == "dense feature age of the model is not in the data's schema"
+    relabel = parse(FeatureSchema, {**MIXED, "label": "click"}, "features")
+    assert schema_change(base, relabel) == "the label column is 'click', the model's is 'clicked'"
+    redim = parse(FeatureSchema, {**MIXED, "tables": [{"name": "users", "dim": 4},
+                                                      MIXED["tables"][1]]}, "features")
+    assert schema_change(base, redim) == "table users has dim 4, the model's 8"
+    averaged = parse(FeatureSchema, {**MIXED, "sparse": [
+        *MIXED["sparse"][:2], {"name": "genres", "kind": "multi_hot", "pooling": "mean"}]},
+        "features")
+    assert schema_change(base, averaged) == "sparse feature genres changed: pooling 'sum' -> 'mean'"

@@ -481,6 +481,34 @@ class FittedSchema:
         return cls.fit(schema, sizes)
 
 
+def schema_change(old: FeatureSchema, new: FeatureSchema) -> str | None:
+    """The first difference between the schema a model was trained on and a new dataset's, in
+    words naming the feature (or the label, or the table), or None when they are the same. A
+    table's rows may differ (a vocabulary grows; the table sizes are checked on their own)."""
+    if old.label != new.label:
+        return f"the label column is {new.label!r}, the model's is {old.label!r}"
+    for key in ("dense", "sparse"):
+        a, b = {f.name: f for f in getattr(old, key)}, {f.name: f for f in getattr(new, key)}
+        for name in a:
+            if name not in b:
+                return f"{key} feature {name} of the model is not in the data's schema"
+        for name in b:
+            if name not in a:
+                return f"{key} feature {name} is new (the model has no {name})"
+            if a[name] != b[name]:
+                was, now = to_dict(a[name]), to_dict(b[name])
+                diff = sorted(k for k in was if was[k] != now.get(k))
+                return (f"{key} feature {name} changed: "
+                        + ", ".join(f"{k} {was[k]!r} -> {now[k]!r}" for k in diff))
+        if list(a) != list(b):
+            return f"the {key} features are in another order: {list(b)}, the model's {list(a)}"
+    for name in dict.fromkeys(f.table_name for f in old.sparse_inputs):
+        if old.table_of(name).dim != new.table_of(name).dim:
+            return (f"table {name} has dim {new.table_of(name).dim}, the model's "
+                    f"{old.table_of(name).dim}")
+    return None
+
+
 def check_dot_dims(dims: Sequence[int], names: Sequence[str], bottom: int | None = None,
                    key: str = "model.interaction") -> None:
     """The ``dot`` interaction multiplies every pair of pooled vectors (and each with the bottom

@@ -114,6 +114,15 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
     if cfg.train.world_size != 1:
         raise ConfigError(f"train.launch.world_size={cfg.train.world_size} is not allowed in "
                           "dlrm_retrain: expected 1 (retraining runs in one process)")
+    if warm is not None and "schema" in warm.config and "schema" in manifest:
+        from recscale.data.schema import FittedSchema, schema_change
+
+        change = schema_change(FittedSchema.of(warm.config).schema,
+                               FittedSchema.of(manifest).schema)
+        if change:
+            raise ConfigError(f"the warm start from {warm.source} was trained on another feature "
+                              f"schema: {change}. A retrain keeps its model's schema; train a "
+                              "model of the new one with the dlrm pipeline")
     init_from = warm.checkpoint if warm else None
     state = warm.state if warm is not None else None
     grow_from = None
