@@ -158,7 +158,7 @@ def assign_tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float,
             table=None, bytes_needed=need, capacity=have, suggestions=sug)
     if best is None:
         i, remaining = first_failure if first_failure else (int(np.argmax(storage)), 0.0)
-        _raise_capacity(ctx, int(i), storage, is_dp, remaining, fill)
+        _raise_capacity(ctx, int(i), storage, is_dp, remaining, fill, reserved)
     return _assignment(ctx, best[2], best[1])
 
 
@@ -198,17 +198,20 @@ def _fp16_ratio(ctx: PlanContext) -> float:
 
 
 def _raise_capacity(ctx: PlanContext, i: int, storage: np.ndarray, is_dp: np.ndarray,
-                    remaining: float, fill: float) -> None:
+                    remaining: float, fill: float, reserved: float = 0.0) -> None:
     name = ctx.tables.names[i]
     opts = ctx.opts
     total = float(storage[~is_dp].sum())
     cap = float(sum(ctx.budget[a] for a in ctx.avail) * ctx.W)
     sug = _suggestions(ctx, total, fill)
+    # the compute tier's lookup buffers (and replicated tables) come first: say how much
+    held = (f", {gb(reserved)} of it held in {TIERS[ctx.ct]} for the lookups' input/output "
+            "buffers and replicated tables" if reserved > 0 else "")
     raise PlannerError(
         f"table {name!r} ({gb(storage[i])}, weights + {opts.optimizer} state in "
         f"{opts.weight_precision}) does not fit: only {gb(remaining)} left of "
         f"{gb(cap)} usable ({'+'.join(TIERS[a] for a in ctx.avail)}, "
-        f"memory_fraction={opts.memory_fraction}) on {ctx.W} ranks for {gb(total)} of "
+        f"memory_fraction={opts.memory_fraction}{held}) on {ctx.W} ranks for {gb(total)} of "
         f"tables; to fit, use " + "; or ".join(sug),
         table=name, bytes_needed=float(storage[i]), capacity=remaining, suggestions=sug)
 
