@@ -132,3 +132,17 @@ def test_an_empty_batch_gives_no_rows_of_every_feature():
     sp = SparseFeatures(tuple(f"f{i}" for i in range(len(TABLES))), torch.zeros(0, dtype=torch.int64),
                         torch.zeros(len(TABLES), 0, dtype=torch.int64), torch.zeros(0))
     assert emb(sp).shape == (0, emb.output_dim)
+
+
+def test_a_batch_named_ahead_is_the_same_batch_when_looked_up():
+    """The loop names batch i + 1 to the cache before looking up batch i: the inner collection
+    gets the very tensors it was named (a multi-tier collection matches them by identity)."""
+    emb = make()
+    a, b = batch(20), batch(21)
+    seen = []
+    emb.inner.prefetch = lambda s: seen.append(s)
+    emb.prefetch(b)
+    with torch.no_grad():
+        emb(a)
+        emb(b)
+    assert emb._to_tables(b) is seen[0]

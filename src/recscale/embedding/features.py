@@ -97,6 +97,7 @@ class FeatureBags(nn.Module):
         self.register_buffer("_owner", torch.tensor(owner, dtype=torch.int64), persistent=False)
         self.register_buffer("_mean_cols", mean_cols, persistent=False)
         self._identity = m == 1 and list(self.feature_tables) == list(range(T))
+        self._made: list[tuple[SparseFeatures, SparseFeatures]] = []  # see _to_tables
 
     @property
     def output_dim(self) -> int:
@@ -108,8 +109,19 @@ class FeatureBags(nn.Module):
         return [b // self.m for b in self.inner.last_batch_sizes]
 
     def _to_tables(self, sparse: SparseFeatures) -> SparseFeatures:
+        """The batch as the inner collection takes it; the same object for the same batch
+        (the loop names batch i + 1 to the cache before it looks up batch i, and a multi-tier
+        collection knows a named batch by its tensors)."""
         if self._identity:
             return sparse
+        for given, made in self._made:
+            if given is sparse:
+                return made
+        made = self._permute(sparse)
+        self._made = [*self._made[-1:], (sparse, made)]
+        return made
+
+    def _permute(self, sparse: SparseFeatures) -> SparseFeatures:
         F, B = sparse.lengths.shape
         if F != len(self.feature_tables):
             raise ValueError(f"expected {len(self.feature_tables)} features, got {F}")
