@@ -46,8 +46,9 @@ MANIFEST_FORMAT = "recscale-criteo-parquet/1"
 class PreprocessConfig(Validated):
     # where the parquet splits, the manifest and the rejects file go
     output_dir: str = "data/05_model_input/criteo_parquet"
-    # per-feature table sizes (26 ints); null -> hash_size_multiplier x the known cardinality
-    # (synthetic data) capped at max_table_size, or max_table_size when cardinalities are unknown
+    # Criteo TSV: one table size per id feature of the preset; null -> hash_size_multiplier x the
+    # known cardinality (synthetic data) capped at max_table_size, or max_table_size when
+    # cardinalities are unknown
     table_sizes: tuple[int, ...] | None = None
     max_table_size: int = 1_000_000
     # hashing ids into a table as large as the vocabulary makes ~37% of ids share a row;
