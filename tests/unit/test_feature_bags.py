@@ -146,3 +146,18 @@ def test_a_batch_named_ahead_is_the_same_batch_when_looked_up():
         emb(a)
         emb(b)
     assert emb._to_tables(b) is seen[0]
+
+
+def test_the_index_buffers_live_on_the_inner_collections_device():
+    """A sharded collection is built on its device and nothing moves the wrapper afterwards:
+    its buffers must be made there (here the meta device stands for CUDA)."""
+    class Inner(torch.nn.Module):
+        dims = DIMS
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1, device="meta"))
+
+    emb = FeatureBags(Inner(), TABLES, POOLING)
+    assert {b.device.type for b in emb.buffers()} == {"meta"}
+    assert {b.device.type for b in make().buffers()} == {"cpu"}

@@ -22,6 +22,7 @@ collection).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,7 +78,11 @@ class FeatureBags(nn.Module):
         # rows of the inner batch's lengths, table-major then j: a feature, or F (an empty row)
         where = {(t, j): f for f, (t, j) in enumerate(zip(self.feature_tables, slot))}
         perm = [where.get((t, j), F) for t in range(T) for j in range(m)]
-        self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int32), persistent=False)
+        # the index buffers live where the inner collection's ids do (a sharded collection on
+        # CUDA is built there; nothing moves this wrapper afterwards)
+        dev = _device_of(inner)
+        self.register_buffer("_perm", torch.tensor(perm, dtype=torch.int32, device=dev),
+                             persistent=False)
         col0 = [0]
         for d in table_dims:
             col0.append(col0[-1] + d)
@@ -85,7 +90,8 @@ class FeatureBags(nn.Module):
         # output column c of feature f: column col0[t] + c of slot j, in the [B, m * width] view
         cols = [j * width + col0[t] + c for t, j in zip(self.feature_tables, slot)
                 for c in range(table_dims[t])]
-        self.register_buffer("_cols", torch.tensor(cols, dtype=torch.int64), persistent=False)
+        self.register_buffer("_cols", torch.tensor(cols, dtype=torch.int64, device=dev),
+                             persistent=False)
         self._mean = [f for f, p in enumerate(pooling) if p == "mean"]
         mean_cols = torch.ones(sum(self.dims), dtype=torch.bool)
         c = 0
@@ -94,8 +100,9 @@ class FeatureBags(nn.Module):
             c += d
         # which feature each output column belongs to (for the mean's divisor)
         owner = [f for f, d in enumerate(self.dims) for _ in range(d)]
-        self.register_buffer("_owner", torch.tensor(owner, dtype=torch.int64), persistent=False)
-        self.register_buffer("_mean_cols", mean_cols, persistent=False)
+        self.register_buffer("_owner", torch.tensor(owner, dtype=torch.int64, device=dev),
+                             persistent=False)
+        self.register_buffer("_mean_cols", mean_cols.to(dev), persistent=False)
         self._identity = m == 1 and list(self.feature_tables) == list(range(T))
         self._made: list[tuple[SparseFeatures, SparseFeatures]] = []  # see _to_tables
 
@@ -191,6 +198,13 @@ class FeatureBags(nn.Module):
 
     def full_tables(self, dst: int = 0):
         return self.inner.full_tables(dst)
+
+
+def _device_of(inner: nn.Module) -> torch.device:
+    """Where a collection keeps its tensors: its first parameter's or buffer's device (CPU
+    when it has none)."""
+    first = next(itertools.chain(inner.parameters(), inner.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def feature_bags(inner: nn.Module, feature_tables: Sequence[int] | None,
