@@ -18,7 +18,8 @@ from recscale.data.criteo import RejectedRowsError
 from recscale.data.loader import LoaderConfig, make_loader
 from recscale.data.preprocess import preprocess_table
 from recscale.data.processed import PreprocessConfig, load_manifest
-from recscale.data.schema import FittedSchema, parse_features, stable_hash
+from recscale.data.schema import FittedSchema, parse_features
+from recscale.data.table_parse import stable_hash
 
 
 def fnv1a(s: str) -> int:

@@ -17,7 +17,7 @@ manifest); ``{"bucketize": [b1, b2, ...]}`` (last only: the value's bucket, ``i`
 ``len(boundaries) + 1`` rows; a missing value is an empty bag).
 
 Ids of a sparse feature (``ids``): ``hash`` (an integer id modulo the table's rows; a string id's
-64-bit FNV-1a hash, ``stable_hash``, modulo them), ``vocab`` (a frequency-thresholded vocabulary
+64-bit FNV-1a hash, ``table_parse.stable_hash``, modulo them), ``vocab`` (a frequency-thresholded vocabulary
 of the train split's ids, ``min_count`` / ``max_size``, row 0 for every other id:
 ``recscale.data.vocab``) or ``index`` (the ids are rows already: one outside ``[0, rows)`` is a
 rejected row). A multi-hot feature's list (a list column, or in text a string split at
@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from recscale.config import ConfigError, Validated, check, check_choice, parse, to_dict
+from recscale.config import Validated, check, check_choice, parse, to_dict
 
 TRANSFORMS = ("log1p", "clip", "standardize", "bucketize")
 SPARSE_KINDS = ("categorical", "multi_hot")
@@ -42,32 +42,6 @@ ID_TYPES = ("int", "hex", "string")  # hex: Criteo's 8-hex-digit ids
 ID_POLICIES = ("hash", "vocab", "index")
 TRUNCATE = ("reject", "keep_first", "keep_last")
 POOLING = ("sum", "mean")
-_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
-
-
-def stable_hash(values: Sequence[str]) -> np.ndarray:
-    """64-bit FNV-1a of each string's UTF-8 bytes, as int64 (the same on every machine, process
-    and engine, unlike Python's ``hash``). Vectorised over the strings, one pass per byte
-    position."""
-    import pyarrow as pa
-
-    arr = pa.array(values, type=pa.large_string()) if not isinstance(values, pa.Array) \
-        else values.cast(pa.large_string())
-    n = len(arr)
-    h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
-    if n == 0:
-        return h.view(np.int64)
-    arr = arr.fill_null("")
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None \
-        else np.zeros(0, np.uint8)
-    starts, lengths = offsets[:-1], np.diff(offsets)
-    with np.errstate(over="ignore"):
-        for k in range(int(lengths.max(initial=0))):
-            live = lengths > k
-            h[live] = (h[live] ^ data[starts[live] + k].astype(np.uint64)) * _FNV_PRIME
-    return h.view(np.int64)
 
 
 def _transform_name(t: Any) -> str:
@@ -507,17 +481,3 @@ def schema_change(old: FeatureSchema, new: FeatureSchema) -> str | None:
             return (f"table {name} has dim {new.table_of(name).dim}, the model's "
                     f"{old.table_of(name).dim}")
     return None
-
-
-def check_dot_dims(dims: Sequence[int], names: Sequence[str], bottom: int | None = None,
-                   key: str = "model.interaction") -> None:
-    """The ``dot`` interaction multiplies every pair of pooled vectors (and each with the bottom
-    MLP's output, ``bottom`` wide): they need one dim. The error names the first table that
-    differs."""
-    want = dims[0] if bottom is None else bottom
-    for name, d in zip(names, dims):
-        if d != want:
-            first = "the bottom MLP's output" if bottom is not None else f"table {names[0]}"
-            raise ConfigError(f"{key}='dot' is not allowed with tables of different dims: table "
-                              f"{name} has dim {d}, {first} {want}; use 'cat' or 'dcn', or give "
-                              "every table that one dim")

@@ -8,7 +8,7 @@ numpy); Python runs once per rejected row only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -16,11 +16,35 @@ import pyarrow.compute as pc
 
 from recscale.data.criteo import HEX_LUT
 from recscale.data.encode import Parsed
-from recscale.data.schema import FeatureSchema, SparseFeature, stable_hash
+from recscale.data.schema import FeatureSchema, SparseFeature
 
 _NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
 _INTEGER = r"^\s*[-+]?\d+\s*$"
 _HEX = r"^\s*[0-9a-fA-F]{1,16}\s*$"
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def stable_hash(values: Sequence[str]) -> np.ndarray:
+    """64-bit FNV-1a of each string's UTF-8 bytes, as int64 (the same on every machine, process
+    and engine, unlike Python's ``hash``). Vectorised over the strings, one pass per byte
+    position."""
+    arr = pa.array(values, type=pa.large_string()) if not isinstance(values, pa.Array) \
+        else values.cast(pa.large_string())
+    n = len(arr)
+    h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+    if n == 0:
+        return h.view(np.int64)
+    arr = arr.fill_null("")
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None \
+        else np.zeros(0, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    with np.errstate(over="ignore"):
+        for k in range(int(lengths.max(initial=0))):
+            live = lengths > k
+            h[live] = (h[live] ^ data[starts[live] + k].astype(np.uint64)) * _FNV_PRIME
+    return h.view(np.int64)
 
 
 def _strings(col: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -29,20 +53,28 @@ def _strings(col: pa.ChunkedArray | pa.Array) -> pa.Array:
         else pc.cast(col, pa.string())
 
 
-def _numbers(col, name: str, p: Parsed, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """A column -> (float64 values, present); a value that is not a number rejects its row."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+def _floats(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Values -> (float64, 0 where absent; present; bad: a string neither empty nor a
+    number)."""
+    bad = np.zeros(len(col), bool)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         empty = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True)
         ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER), False)
         bad = ~np.asarray(pc.or_(empty, ok).to_numpy(zero_copy_only=False), dtype=bool)
+        col = pc.if_else(ok, col, pa.scalar(None, col.type))
+    x = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    present = ~np.isnan(x)
+    return np.where(present, x, 0.0), present, bad
+
+
+def _numbers(col, name: str, p: Parsed, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """A column -> (float64 values, present); a value that is not a number rejects its row."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    x, present, bad = _floats(col)
+    if bad.any():
         vals = col.to_numpy(zero_copy_only=False)
         p.reject(bad, lambda r: f"{what}: {name}={str(vals[r])[:40]!r} is not a number")
-        col = pc.if_else(ok, col, pa.scalar(None, col.type)).cast(pa.float64())
-    col = col.cast(pa.float64())
-    x = col.to_numpy(zero_copy_only=False)
-    present = ~np.isnan(x)
-    return np.where(present, x, 0.0), present
+    return x, present
 
 
 def reject_values(where: np.ndarray, out: np.ndarray, shown: np.ndarray, p: Parsed,
@@ -158,17 +190,12 @@ def _weights(col, f: SparseFeature, lengths: np.ndarray, p: Parsed) -> np.ndarra
     p.reject(short, lambda r: f"bad weights: {f.name} has {n_w[r]} weights for {lengths[r]} ids "
              f"(column {f.weights})")
     where = np.repeat(np.arange(p.n), n_w)
-    x, present = _numbers(flat, f.weights, Parsed(len(flat), None, [], [], np.zeros(len(flat), bool)),
-                          "bad weight")
+    x, present, _ = _floats(flat)
     nulls = ~np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     if nulls.any():
         reject_values(where, nulls, nulls, p,
                       lambda v: f"null in list: {f.weights} holds a null weight ({f.name})")
-    bad = (~present | ~np.isfinite(x)) & ~nulls
-    if pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type):
-        ok = np.asarray(pc.fill_null(pc.match_substring_regex(flat, _NUMBER), False)
-                        .to_numpy(zero_copy_only=False), dtype=bool)
-        bad |= ~ok & ~nulls
+    bad = (~present | ~np.isfinite(x)) & ~nulls  # not a number (or empty, or not finite)
     if bad.any():
         shown = flat.to_numpy(zero_copy_only=False)
         reject_values(where, bad, shown, p,

@@ -60,6 +60,20 @@ def assemble_tables(parts, shapes: Sequence[tuple[int, int]]
     return tables, states
 
 
+def gather_tables(pieces: Sequence[TableShard], shapes: Sequence[tuple[int, int]], rank: int,
+                  world_size: int, dst: int = 0, group=None
+                  ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]] | None:
+    """Every rank's ``pieces`` copied to the CPU and sent to rank ``dst``, which assembles the
+    whole tables and their optimizer states (``assemble_tables``); None on the other ranks."""
+    import torch.distributed as dist
+
+    mine = [(sh.table, sh.row_offset, sh.col_offset, sh.weight.detach().cpu().clone(),
+             [x.detach().cpu().clone() for x in sh.states]) for sh in pieces]
+    gathered = [None] * world_size if rank == dst else None
+    dist.gather_object(mine, gathered, dst=dst, group=group)
+    return assemble_tables(gathered, shapes) if rank == dst else None
+
+
 @runtime_checkable
 class EmbeddingCollection(Protocol):
     """Sum-pooled embedding bags of every sparse feature (one table per feature), the embedding

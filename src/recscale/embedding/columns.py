@@ -22,6 +22,16 @@ from collections.abc import Sequence
 import torch
 
 
+def columns_in_order(widths: Sequence[int], order: Sequence[int]) -> list[int]:
+    """Pieces of ``widths[i]`` columns laid side by side in ``order`` (a permutation of the
+    pieces) -> for each column of the pieces in their own order, its column in that layout."""
+    start, where = 0, {}
+    for i in order:
+        where[i] = start
+        start += widths[i]
+    return [c for i in range(len(widths)) for c in range(where[i], where[i] + widths[i])]
+
+
 def inverse_permutation(cols: torch.Tensor, out_dim: int) -> torch.Tensor | None:
     """``inv`` with ``inv[cols[i]] = i`` where ``cols`` fills each of ``out_dim`` columns once,
     else None (a column summed from several pieces, or left empty)."""

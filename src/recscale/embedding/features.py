@@ -92,17 +92,14 @@ class FeatureBags(nn.Module):
                 for c in range(table_dims[t])]
         self.register_buffer("_cols", torch.tensor(cols, dtype=torch.int64, device=dev),
                              persistent=False)
-        self._mean = [f for f, p in enumerate(pooling) if p == "mean"]
-        mean_cols = torch.ones(sum(self.dims), dtype=torch.bool)
-        c = 0
-        for f, d in enumerate(self.dims):
-            mean_cols[c: c + d] = pooling[f] == "mean"
-            c += d
-        # which feature each output column belongs to (for the mean's divisor)
+        self._averages = "mean" in pooling
+        # which feature each output column belongs to (for the mean's divisor), and whether
+        # that feature is averaged
         owner = [f for f, d in enumerate(self.dims) for _ in range(d)]
         self.register_buffer("_owner", torch.tensor(owner, dtype=torch.int64, device=dev),
                              persistent=False)
-        self.register_buffer("_mean_cols", mean_cols.to(dev), persistent=False)
+        self.register_buffer("_mean_cols", torch.tensor([pooling[f] == "mean" for f in owner],
+                                                        device=dev), persistent=False)
         self._identity = m == 1 and list(self.feature_tables) == list(range(T))
         self._made: list[tuple[SparseFeatures, SparseFeatures]] = []  # see _to_tables
 
@@ -149,7 +146,7 @@ class FeatureBags(nn.Module):
             width = pooled.shape[1]  # explicit: a rank's batch may be empty
             pooled = pooled.reshape(self.m, B, width).transpose(0, 1).reshape(B, self.m * width)
             pooled = pooled.index_select(1, self._cols)
-        if self._mean:
+        if self._averages:
             n = pend.lengths.to(pooled.dtype).clamp(min=1.0).t().index_select(1, self._owner)
             pooled = torch.where(self._mean_cols, pooled / n, pooled)
         return pooled

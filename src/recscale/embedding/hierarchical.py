@@ -41,8 +41,8 @@ from recscale.comm.collectives import (
 from recscale.embedding.input_dist import (  # noqa: F401  (HIER_TYPES: named here too)
     HIER_TYPES,
     arrange_received,
+    pack,
     split_received,
-    weight_bits,
 )
 
 
@@ -146,14 +146,7 @@ class HierarchicalExchange:
         for f in self.F:
             fb.append(fb[-1] + f)
         ids = [int(per_f[fb[h + 1]] - per_f[fb[h]]) for h in range(self.H)]
-        flat_l = p_l.reshape(-1)
-        pieces = []
-        for h in range(self.H):
-            pieces.append(flat_l[fb[h] * B: fb[h + 1] * B])
-            pieces.append(p_v[int(per_f[fb[h]]): int(per_f[fb[h + 1]])])
-            if p_w is not None:
-                pieces.append(weight_bits(p_w[int(per_f[fb[h]]): int(per_f[fb[h + 1]])]))
-        payload = torch.cat(pieces)
+        payload = pack(p_l.reshape(-1), [f * B for f in fb], p_v, per_f[fb].tolist(), p_w)
         return payload, [f * B for f in self.F], ids
 
     def send_ids(self, ids: Sequence[int]) -> list[int]:
@@ -214,24 +207,18 @@ class HierarchicalExchange:
         for k in self.k_owner:
             kb.append(kb[-1] + k)
         send_v = [int(per_f[kb[i + 1]] - per_f[kb[i]]) for i in range(L)]
-        flat_l = p_l.reshape(-1)
-        pieces = []
-        for i in range(L):
-            pieces.append(flat_l[kb[i] * n: kb[i + 1] * n])
-            pieces.append(p_v[int(per_f[kb[i]]): int(per_f[kb[i + 1]])])
-            if weighted:
-                pieces.append(weight_bits(p_w[int(per_f[kb[i]]): int(per_f[kb[i + 1]])]))
+        payload = pack(p_l.reshape(-1), [k * n for k in kb], p_v, per_f[kb].tolist(), p_w)
         mids = self.mid_sizes(bs)
         k = self.k_me
         rl_n = [k * m for m in mids]
         if self.host_group is None:
-            got_v, got = send_v, torch.cat(pieces)
+            got_v, got = send_v, payload
         else:
             got_v = exchange_counts(torch.tensor(send_v, dtype=torch.int64,
                                                  device=p_l.device).view(L, 1),
                                     self.host_group, self.stats,
                                     "hier_input_counts")[:, 0].tolist()
-            got = all_to_all_1d(torch.cat(pieces), [k_i * n + wf * v for k_i, v in
+            got = all_to_all_1d(payload, [k_i * n + wf * v for k_i, v in
                                                     zip(self.k_owner, send_v)],
                                 [a + wf * b for a, b in zip(rl_n, got_v)], self.host_group,
                                 self.stats, "hier_input_local")

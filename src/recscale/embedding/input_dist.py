@@ -113,6 +113,21 @@ def from_bits(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.float64).to(torch.float32)
 
 
+def pack(lengths: torch.Tensor, l_cuts: Sequence[int], ids: torch.Tensor, v_cuts: Sequence[int],
+         weights: torch.Tensor | None = None) -> torch.Tensor:
+    """One all-to-all's payload: for each destination d, its lengths
+    ``lengths[l_cuts[d]:l_cuts[d + 1]]``, then its ids ``ids[v_cuts[d]:v_cuts[d + 1]]`` (and
+    their weights as int64 words), destinations one after another (``split_received`` reads
+    it back)."""
+    pieces = []
+    for d in range(len(l_cuts) - 1):
+        a, b = v_cuts[d], v_cuts[d + 1]
+        pieces += [lengths[l_cuts[d]: l_cuts[d + 1]], ids[a:b]]
+        if weights is not None:
+            pieces.append(weight_bits(weights[a:b]))
+    return torch.cat(pieces)
+
+
 def split_received(recv: torch.Tensor, recv_l: Sequence[int], recv_v: Sequence[int],
                    weighted: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -32,10 +32,10 @@ row-wise Adagrad state, which an all-reduce of per-replica updates would not rep
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from recscale.comm import CommsConfig
@@ -47,10 +47,10 @@ from recscale.comm.collectives import (
     exchange_counts,
 )
 from recscale.data.batch import SparseFeatures
-from recscale.embedding.api import TableShard, assemble_tables
-from recscale.embedding.columns import inverse_permutation, place_columns
+from recscale.embedding.api import TableShard, gather_tables
+from recscale.embedding.columns import columns_in_order, inverse_permutation, place_columns
 from recscale.embedding.hierarchical import HierarchicalExchange
-from recscale.embedding.input_dist import InputDist, Routes, arrange_received, weight_bits
+from recscale.embedding.input_dist import InputDist, Routes, arrange_received, pack
 from recscale.embedding.sharded_autograd import (
     ColumnShardRowwiseAdagrad,
     GradScale,
@@ -200,13 +200,7 @@ class ShardedEmbeddingCollection(nn.Module):
             self.register_buffer("_local_split", torch.tensor(sel, dtype=torch.int32),
                                  persistent=False)
             # columns of [fused | cw] outputs back into route order
-            widths = [mine[i][1].col_length for i in sel]
-            starts = [0]
-            for w in widths:
-                starts.append(starts[-1] + w)
-            where = {pos: starts[j] for j, pos in enumerate(sel)}
-            cols = [c for i in range(len(mine))
-                    for c in range(where[i], where[i] + mine[i][1].col_length)]
+            cols = columns_in_order([s.col_length for _, s in mine], sel)
             self.register_buffer("_local_cols", torch.tensor(cols, dtype=torch.int64),
                                  persistent=False)
             self.register_buffer("_local_dest", torch.argsort(self._local_cols), persistent=False)
@@ -277,26 +271,20 @@ class ShardedEmbeddingCollection(nn.Module):
             pend.hier = self.hier.exchange_a(h_payload, h_send_l, h_send_v, got[:, 3].tolist(), bs,
                                              pend.weighted)
         if any(self.k):
-            # lengths and ids of each destination travel together in one all-to-all
+            # lengths and ids (and weights) of each destination travel together in one all-to-all
             send_l = [kd * B for kd in self.k]
             pend.recv_l = [self.k[self.rank] * b for b in bs]
             pend.recv_v = got[:, 1].tolist()
-            # (and, weighted, the ids' weights as int64 words after them)
-            pieces = []
-            for d in range(W):
-                a, b = int(csum[bounds[d]]), int(csum[bounds[d + 1]])
-                pieces += [p_l.reshape(-1)[sum(send_l[:d]): sum(send_l[: d + 1])], p_v[a:b]]
-                if p_w is not None:
-                    pieces.append(weight_bits(p_w[a:b]))
+            payload = pack(p_l.reshape(-1), [0, *itertools.accumulate(send_l)], p_v,
+                           csum[bounds].tolist(), p_w)
             pend.sharded = all_to_all_1d_async(
-                torch.cat(pieces), [a + wf * int(b) for a, b in zip(send_l, vals_to)],
+                payload, [a + wf * int(b) for a, b in zip(send_l, vals_to)],
                 [a + wf * b for a, b in zip(pend.recv_l, pend.recv_v)], self.group, self.stats,
                 "input")
         if self.dp is not None:
             # all-gather (lengths and ids together) as an all-to-all of W copies: uneven batch
             # sizes are fine
-            mine = torch.cat([dp_l.reshape(-1), dp_v]
-                             + ([weight_bits(dp_w)] if dp_w is not None else []))
+            mine = pack(dp_l.reshape(-1), [0, dp_l.numel()], dp_v, [0, n_dp], dp_w)
             pend.dp_recv_l = [len(self.dp_tables) * b for b in bs]
             pend.dp_recv_v = got[:, 2].tolist()
             pend.dp = all_to_all_1d_async(
@@ -497,15 +485,12 @@ class ShardedEmbeddingCollection(nn.Module):
         """Assemble every table's full weights [rows, dim] and optimizer state on rank ``dst``
         (None elsewhere). Row-wise optimizer state of column shards: each shard keeps its own
         (see docs/architecture.md); the assembled table takes the first column shard's."""
-        mine = [(sh.table, sh.row_offset, sh.col_offset, sh.weight.detach().cpu().clone(),
-                 [x.detach().cpu().clone() for x in sh.states])
-                for sh in self.shards(replicated=False)]
-        gathered = [None] * self.world_size if self.rank == dst else None
-        dist.gather_object(mine, gathered, dst=dst, group=self.group)
-        if self.rank != dst:
+        got = gather_tables(self.shards(replicated=False), [(tp.num_embeddings, tp.embedding_dim)
+                                                            for tp in self.tables],
+                            self.rank, self.world_size, dst, self.group)
+        if got is None:
             return None
-        tables, states = assemble_tables(gathered, [(tp.num_embeddings, tp.embedding_dim)
-                                                    for tp in self.tables])
+        tables, states = got
         if self.dp is not None:
             for t, sh in zip(self.dp_tables, self.dp.shards()):
                 tables[t] = sh.weight.detach().cpu().clone()

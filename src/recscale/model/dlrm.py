@@ -18,8 +18,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from recscale.config import Validated, check, check_choice
-from recscale.data.schema import check_dot_dims
+from recscale.config import ConfigError, Validated, check, check_choice
 from recscale.model.dcn import DCNConfig, LowRankCrossNet
 
 
@@ -49,6 +48,20 @@ class ModelConfig(Validated):
                   self.bottom_mlp,
                   f"a last width equal to {prefix}.embedding_dim={self.embedding_dim} "
                   "(the dot interaction multiplies the bottom MLP output with each embedding)")
+
+
+def check_dot_dims(dims: Sequence[int], names: Sequence[str], bottom: int | None = None,
+                   key: str = "model.interaction") -> None:
+    """The ``dot`` interaction multiplies every pair of pooled vectors (and each with the bottom
+    MLP's output, ``bottom`` wide): they need one dim. The error names the first table that
+    differs."""
+    want = dims[0] if bottom is None else bottom
+    for name, d in zip(names, dims):
+        if d != want:
+            first = "the bottom MLP's output" if bottom is not None else f"table {names[0]}"
+            raise ConfigError(f"{key}='dot' is not allowed with tables of different dims: table "
+                              f"{name} has dim {d}, {first} {want}; use 'cat' or 'dcn', or give "
+                              "every table that one dim")
 
 
 def table_dims(cfg: ModelConfig, tables: int | Sequence[int]) -> tuple[int, ...]:

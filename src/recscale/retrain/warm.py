@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from recscale.config import ConfigError
+from recscale.data.schema import FittedSchema, schema_change
 from recscale.model import check_table_growth
 from recscale.retrain.config import DLRMRetrainConfig
 from recscale.runconfig import plan_for_run
@@ -115,8 +116,6 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
         raise ConfigError(f"train.launch.world_size={cfg.train.world_size} is not allowed in "
                           "dlrm_retrain: expected 1 (retraining runs in one process)")
     if warm is not None and "schema" in warm.config and "schema" in manifest:
-        from recscale.data.schema import FittedSchema, schema_change
-
         change = schema_change(FittedSchema.of(warm.config).schema,
                                FittedSchema.of(manifest).schema)
         if change:

@@ -5,9 +5,10 @@ and go), the retrain and the machine's measurement all ask here, so they agree."
 
 from __future__ import annotations
 
-from recscale.data.schema import FittedSchema, check_dot_dims
+from recscale.data.schema import FittedSchema
 from recscale.data.stats import distinct_fractions
 from recscale.model import ModelConfig, ModelRecipe
+from recscale.model.dlrm import check_dot_dims
 from recscale.runconfig.dlrm import DLRMConfig, TrainConfig
 from recscale.sharding import ShardingPlan, Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest
