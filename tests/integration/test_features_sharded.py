@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from recscale.config import parse
+from recscale.data.batch import SparseFeatures
 from recscale.data.preprocess import preprocess_table
 from recscale.data.processed import PreprocessConfig, load_manifest
 from recscale.data.schema import FittedSchema, parse_features
@@ -63,7 +64,15 @@ def test_shared_mean_and_weighted_features_train_sharded_on_two_ranks(tmp_path):
     assert out.result.steps == 11 and out.result.samples == 2561  # every row once
     assert np.isfinite(out.result.final_loss)
     emb = out.model.embeddings
-    assert isinstance(emb, FeatureBags) and emb.m == 2 and emb.dims == (8, 8, 4)
+    assert isinstance(emb, FeatureBags) and emb.dims == (8, 8, 4)
+    # item and history look up one table: the same id pools to the same vector in both
+    ids = torch.tensor([5, 17])
+    sp = SparseFeatures(("item", "history", "tags"), torch.cat([ids, ids]),
+                        torch.tensor([[1, 1], [1, 1], [0, 0]]))
+    with torch.no_grad():
+        pooled = emb(sp)
+    assert torch.equal(pooled[:, :8], pooled[:, 8:16]) and bool(pooled[:, :8].abs().sum() > 0)
+    assert not pooled[:, 16:].any()  # an empty tags bag averages to 0
     items, tags = (w.detach() for w in emb.split_weights())
     assert items.shape == (man["table_sizes"][0], 8) and tags.shape == (64, 4)
     assert not torch.equal(items, table_init(train_cfg.seed, 0, *items.shape))  # it trained

@@ -116,7 +116,13 @@ def test_one_table_per_feature_summed_is_the_inner_collection_itself():
     inner = FusedEmbeddingBags(ROWS, DIMS, EmbeddingOptimizerConfig("exact_sgd", 0.1))
     assert feature_bags(inner, None) is inner
     assert feature_bags(inner, [0, 1, 2], ["sum"] * 3) is inner
-    assert isinstance(feature_bags(inner, [0, 1, 2], ["sum", "mean", "sum"]), FeatureBags)
+    averaged = feature_bags(inner, [0, 1, 2], ["sum", "mean", "sum"])
+    sp = SparseFeatures(("a", "b", "c"), torch.tensor([1, 2, 3, 4, 5, 6, 7]),
+                        torch.tensor([[1, 1], [3, 0], [1, 1]]))
+    with torch.no_grad():
+        want = inner(sp)
+        want[0, DIMS[0]: DIMS[0] + DIMS[1]] /= 3  # the 3-id bag averaged; the empty one stays 0
+        np.testing.assert_allclose(averaged(sp).numpy(), want.numpy(), rtol=1e-6)
 
 
 def test_a_table_no_feature_uses_or_an_unknown_pooling_is_refused():

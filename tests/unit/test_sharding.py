@@ -69,12 +69,12 @@ def check_geometry(tp, topo):
         block = math.ceil(tp.num_embeddings / (topo.world_size if tp.sharding_type == "row_wise"
                                                else topo.local_world_size))
         assert tp.row_block_size == block
-        covered = np.zeros(tp.num_embeddings, dtype=np.int32)
+        end = 0  # the blocks tile the rows: each starts where the last ended, none empty
         for i, s in enumerate(tp.shards):
-            assert s.row_offset == i * block
+            assert s.row_offset == i * block and s.row_offset == end and s.row_length > 0
             assert s.col_offset == 0 and s.col_length == tp.embedding_dim
-            covered[s.row_offset:s.row_offset + s.row_length] += 1
-        assert (covered == 1).all()
+            end += s.row_length
+        assert end == tp.num_embeddings
         assert all(s.row_length == block for s in tp.shards[:-1])
         assert 0 < tp.shards[-1].row_length <= block
     else:

@@ -1,7 +1,8 @@
 """Seeded random small mixes, every one planned and checked for validity: the shards of each
-table tile it exactly (data-parallel: every rank whole), host-bound types stay in one host, every
-rank is in range, no tier of any rank holds more than its usable bytes, and the ranks' memory
-is the sum of their shards'. (How evenly they balance is benchmarks/bench_balance.py's.)"""
+table tile it exactly (``check_geometry``; data-parallel: every rank whole), host-bound types
+stay in one host, every rank is in range, no tier of any rank holds more than its usable bytes,
+and the ranks' memory and cost are the sums of their shards'. (How evenly they balance:
+benchmarks/bench_balance.py.)"""
 
 import math
 
@@ -10,31 +11,7 @@ import pytest
 
 from recscale.sharding import PlannerError, TableSpec, Topology, plan_sharding
 from recscale.sharding.topology import PRESETS
-
-HOST_BOUND = ("table_row_wise", "table_column_wise")
-
-
-def check_tiling(tp, topo):
-    """The shards cover the table's rows x columns exactly once (intervals, not a mask: the
-    tables here reach 1e9 rows); data-parallel: every rank holds it whole."""
-    ranks = [s.rank for s in tp.shards]
-    if tp.sharding_type == "data_parallel":
-        assert sorted(ranks) == list(range(topo.world_size))
-        assert all(s.row_length == tp.num_embeddings and s.col_length == tp.embedding_dim
-                   for s in tp.shards)
-        return
-    assert len(set(ranks)) == len(ranks), f"shards of {tp.name} share a rank"
-    rows = sorted({(s.row_offset, s.row_length) for s in tp.shards})
-    cols = sorted({(s.col_offset, s.col_length) for s in tp.shards})
-    assert len(rows) * len(cols) == len(tp.shards)  # a grid of row blocks x column blocks
-    for spans, size in ((rows, tp.num_embeddings), (cols, tp.embedding_dim)):
-        end = 0
-        for off, length in spans:
-            assert off == end and length > 0
-            end += length
-        assert end == size
-    if tp.sharding_type in HOST_BOUND:
-        assert len({topo.host_of(r) for r in ranks}) == 1
+from tests.unit.test_sharding import check_geometry
 
 SEEDS = range(40)
 
@@ -68,7 +45,7 @@ def test_a_random_mix_plans_to_valid_shards_within_every_tier(seed):
     assert [t.name for t in plan.tables] == [t.name for t in tables]
     mf = plan.options.memory_fraction
     for tp in plan.tables:
-        check_tiling(tp, topo)
+        check_geometry(tp, topo)
         assert all(0 <= s.rank < topo.world_size and s.tier in topo.tiers for s in tp.shards)
     for r in plan.ranks:
         for tier in ("hbm", "ddr", "ssd"):
@@ -76,4 +53,5 @@ def test_a_random_mix_plans_to_valid_shards_within_every_tier(seed):
         ct = sum(s.compute_tier_bytes + (s.storage_bytes if s.tier == topo.compute_tier else 0)
                  for _, s in plan.shards_for_rank(r.rank))
         assert ct == pytest.approx(r.memory(topo.compute_tier))
-    assert plan.max_over_mean >= 1.0
+        # the rank's cost, what balance is judged on, is its shards' (replicated ones included)
+        assert r.cost == pytest.approx(sum(s.cost for _, s in plan.shards_for_rank(r.rank)))
