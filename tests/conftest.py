@@ -102,3 +102,20 @@ def spark():
     spark_session = make_spark_session(SparkConfig(master="local[2]", conf=SPARK_TEST_CONF))
     yield spark_session
     spark_session.stop()
+
+
+def criteo_frame(files, rows):
+    """Lines ``rows`` of Criteo TSV ``files`` (numbered from 0 over the files in order) as a
+    pandas DataFrame of their raw values, indexed by row: the label, the counts as numbers (NaN
+    where missing), the ids as hex strings (None where missing). What a caller serving raw
+    Criteo rows sends."""
+    import pandas as pd
+
+    from recscale.data.criteo import COLUMN_NAMES
+
+    lines = [ln for f in files for ln in Path(f).read_text().splitlines()]
+    frame = pd.DataFrame([lines[r].split("\t") for r in rows], columns=list(COLUMN_NAMES),
+                         index=list(rows)).replace("", None)
+    for c in COLUMN_NAMES[:14]:
+        frame[c] = pd.to_numeric(frame[c])
+    return frame

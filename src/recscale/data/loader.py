@@ -229,6 +229,11 @@ def read_row_group(ref: RowGroupRef) -> Columns | BagColumns:
     table = f.read_row_group(ref.index)
     if ref.start or ref.stop is not None:
         table = table.slice(ref.start, ref.rows)
+    return columns_of(table)
+
+
+def columns_of(table: pa.Table) -> Columns | BagColumns:
+    """Preprocessed rows (``recscale.data.encode.output_schema``'s columns) -> numpy columns."""
     dense_names, sparse_names = parquet_features(table.schema)
     if any(pa.types.is_list(table.schema.field(n).type) for n in sparse_names):
         return _read_bags(table, dense_names, sparse_names)

@@ -117,17 +117,21 @@ def transform_block(block: CriteoBlock, row_offset: int, table_sizes: np.ndarray
     """Parsed Criteo rows -> model-ready columns, through the one encoder every path writes with
     (``recscale.data.encode``): the preset's transforms, ids hashed or looked up in ``vocab``;
     -> (table, ids written per feature)."""
+    fitted = criteo_fitted(table_sizes, "hash" if vocab is None else "vocab")
+    return encode(criteo_parsed(block), fitted, vocab, block.line - 1 + row_offset)
+
+
+def criteo_parsed(block: CriteoBlock) -> Parsed:
+    """The Criteo reader's rows as the encoder takes them (every row passed the reader)."""
     n = len(block)
     present = block.sparse_present
-    parsed = Parsed(
+    return Parsed(
         n, block.label.astype(np.int8, copy=False),
         [(block.dense[:, j].astype(np.float64), block.dense_present[:, j])
          for j in range(block.dense.shape[1])],
         [RowIds(present[:, j], block.sparse[:, j].astype(np.int64))
          for j in range(block.sparse.shape[1])],
         np.zeros(n, bool))
-    fitted = criteo_fitted(table_sizes, "hash" if vocab is None else "vocab")
-    return encode(parsed, fitted, vocab, block.line - 1 + row_offset)
 
 
 class SplitWriter:

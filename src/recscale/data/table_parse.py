@@ -210,14 +210,16 @@ def _weights(col, f: SparseFeature, lengths: np.ndarray, p: Parsed) -> np.ndarra
     return x
 
 
-def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int) -> Parsed:
+def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int, label: bool = True) -> Parsed:
+    """``label=False``: rows to score, without a label column (every label 0)."""
     n = t.num_rows
     p = Parsed(n, np.zeros(n, np.int8), [], [], np.zeros(n, bool))
-    lab, lab_present = _numbers(t.column(schema.label), schema.label, p, "bad label")
-    ok = lab_present & ((lab == 0) | (lab == 1))
-    p.reject(~ok & ~p.bad, lambda r: f"bad label: {schema.label}="
-             f"{f'{lab[r]:g}' if lab_present[r] else 'missing'} is not 0 or 1")
-    p.label = np.where(ok, lab, 0).astype(np.int8)
+    if label:
+        lab, lab_present = _numbers(t.column(schema.label), schema.label, p, "bad label")
+        ok = lab_present & ((lab == 0) | (lab == 1))
+        p.reject(~ok & ~p.bad, lambda r: f"bad label: {schema.label}="
+                 f"{f'{lab[r]:g}' if lab_present[r] else 'missing'} is not 0 or 1")
+        p.label = np.where(ok, lab, 0).astype(np.int8)
     for f in schema.dense:
         p.dense.append(_numbers(t.column(f.source), f.name, p, "bad dense value"))
     for j, f in enumerate(schema.sparse):

@@ -58,6 +58,12 @@ def _file_schema(path: str, delimiter: str) -> pa.Schema:
     return schema
 
 
+def file_columns(path: str, delimiter: str) -> list[str]:
+    """The columns a file holds (a text file's header; a parquet file's, with its ``key=value``
+    folders)."""
+    return list(_file_schema(path, delimiter).names)
+
+
 def needed_columns(schema: FeatureSchema) -> list[str]:
     """The source columns the schema reads (each once, in the schema's order)."""
     return list(dict.fromkeys(c for c, _, _ in _needs(schema)))
