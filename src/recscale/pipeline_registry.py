@@ -1,9 +1,10 @@
 """Project pipelines: ``dlrm`` = data_processing + sharding + training + evaluation (the default);
-``dlrm_retrain`` = scheduled retraining on new daily partitions; ``synthetic_day`` writes one."""
+``dlrm_retrain`` = scheduled retraining on new daily partitions; ``synthetic_day`` writes one;
+``score`` = raw files scored by a logged or registered model."""
 
 from kedro.pipeline import Pipeline
 
-from recscale.pipelines import data_processing, evaluation, hf, retrain, sharding, training
+from recscale.pipelines import data_processing, evaluation, hf, retrain, scoring, sharding, training
 
 
 def register_pipelines() -> dict[str, Pipeline]:
@@ -22,5 +23,6 @@ def register_pipelines() -> dict[str, Pipeline]:
         "hf_speech": hf.create_speech_pipeline(),
         "dlrm_retrain": retrain.create_pipeline(),
         "synthetic_day": retrain.create_synthetic_day_pipeline(),
+        "score": scoring.create_pipeline(),
         "__default__": dlrm,
     }

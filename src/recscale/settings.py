@@ -1,5 +1,6 @@
 """Kedro project settings."""
 
+import os
 import warnings
 
 from kedro.config import OmegaConfigLoader
@@ -10,6 +11,10 @@ from recscale.hooks import RecscaleHooks, SparkHooks, TrackingStoreCheck
 # they install; nothing a user of this project can act on
 warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated",
                         category=UserWarning)
+
+# MLflow draws a progress bar for every artifact it downloads (a model it loads or logs: three
+# bars per model); a run's log shows our progress instead
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 HOOKS = (TrackingStoreCheck(), RecscaleHooks(), SparkHooks())
 

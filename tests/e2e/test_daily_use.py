@@ -148,27 +148,33 @@ def test_retrain_day1_then_day2_registers_two_versions_and_champion_follows_the_
 
 
 def test_the_registered_champion_predicts_what_the_evaluation_scores(daily, monkeypatch):
-    """The registered pyfunc (models from code) loads by its alias and scores the held-out rows
-    of the last night exactly as the evaluation path scores them (``score_split`` on the same
-    split: row for row), and their AUC is the champion AUC that night's retrain recorded."""
+    """The registered pyfunc (models from code) loads by its alias and scores the RAW lines of
+    the last night's held-out rows exactly as the evaluation path scores their preprocessed
+    rows (``score_split`` on the same split: row for row), and their AUC is the champion AUC
+    that night's retrain recorded."""
     import mlflow
-    import pandas as pd
 
     from recscale.data.preprocess import load_manifest
     from recscale.evaluate import auc_score
+    from recscale.model import model_from_resolved
+    from recscale.pipelines.retrain.registry import load_version
     from recscale.scoring import score_split
+    from tests.conftest import criteo_frame
 
     proj = daily["proj"]
-    _client(proj)
+    c = _client(proj)
     model = mlflow.pyfunc.load_model(f"models:/{daily['model']}@champion")
     work = proj / _params(proj, "retrain")["retrain"]["work_dir"]
-    frame = pd.concat([pd.read_parquet(f) for f in sorted(work.glob("test/*.parquet"))])
-    probs = np.asarray(model.predict(frame))
-    assert probs.shape == (len(frame),) and len(frame) > 0
     monkeypatch.chdir(proj)  # the manifest names its files as the run saw them, from the project
-    evaluated = score_split(model.unwrap_python_model().model, load_manifest(work), "test", 4096)
-    assert np.array_equal(evaluated.rows, frame["row"].to_numpy())
-    np.testing.assert_allclose(probs, evaluated.probs, rtol=1e-6, atol=1e-7)
+    man = load_manifest(work)
+    ws = load_version(daily["model"], c.get_model_version_by_alias(daily["model"], "champion"))
+    evaluated = score_split(model_from_resolved(ws.config, ws.state), man, "test", 4096)
+    frame = criteo_frame(man["source_files"], evaluated.rows)
+    out = model.predict(frame.drop(columns=["label"]))
+    assert len(out) == len(frame) > 0 and out["error"].isna().all()
+    assert np.array_equal(out["row"].to_numpy(), evaluated.rows)
+    probs = out["probability"].to_numpy(float)
+    np.testing.assert_allclose(probs, evaluated.probs, rtol=0, atol=1e-6)
     # the last night (day 3) kept the champion and scored it on these rows
     _, refused = daily["refused"]
     tags = refused["versions"][-1][1]

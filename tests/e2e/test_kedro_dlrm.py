@@ -19,11 +19,12 @@ def finished_run(tmp_path_factory):
     return proj, res
 
 
-def _runs(proj):
+def _runs(proj, pipeline="dlrm"):
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{proj}/mlruns/mlflow.db")
-    return mlflow.search_runs(experiment_names=["recscale"]), mlflow.MlflowClient()
+    runs = mlflow.search_runs(experiment_names=["recscale"])
+    return runs[runs["tags.kedro.pipeline"] == pipeline], mlflow.MlflowClient()
 
 
 def test_dlrm_pipeline_records_params_metrics_history_and_model(finished_run):
@@ -102,3 +103,64 @@ def test_two_ranks_from_kedro_record_the_sharded_run(tmp_path):
         assert run[f"metrics.train.rank{rank}.bytes_sent_per_step"] > 0
     assert run["metrics.test.auc"] > 0.6
     assert len(client.get_metric_history(run["run_id"], "train.loss")) >= 2
+
+
+def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_and_over_http(
+        finished_run, tmp_path, monkeypatch):
+    """The model the run logged takes raw Criteo rows (counts as numbers, ids as hex strings):
+    its scores in process (pyfunc ``predict``), from ``kedro run --pipeline=score`` and from the
+    real ``mlflow models serve`` equal the evaluation path's on the test split, row by row."""
+    import json
+
+    import mlflow
+    import numpy as np
+
+    from recscale.data.processed import load_manifest
+    from recscale.model import model_from_resolved
+    from recscale.scoring import score_split
+    from tests.conftest import criteo_frame
+    from tests.e2e.serving import invoke, served
+
+    proj, _ = finished_run
+    runs, client = _runs(proj)
+    run_id = runs.iloc[0]["run_id"]
+    uri = f"runs:/{run_id}/model"
+    monkeypatch.chdir(proj)  # the manifest names its files from the project
+    state = torch.load(client.download_artifacts(run_id, "model/dlrm_state_dict.pt", str(tmp_path)),
+                       weights_only=True)
+    resolved = json.loads(Path(client.download_artifacts(
+        run_id, "config/resolved_config.json", str(tmp_path))).read_text())
+    man = load_manifest(proj / "data/05_model_input/criteo_parquet_test")
+    ref = score_split(model_from_resolved(resolved, state), man, "test", 4096)
+    raw = proj / "data/01_raw/synthetic_test/day_00.tsv"
+    frame = criteo_frame([raw], ref.rows).drop(columns=["label"])
+    # in process
+    out = mlflow.pyfunc.load_model(uri).predict(frame)
+    assert np.array_equal(out["row"].to_numpy(), ref.rows) and out["error"].isna().all()
+    assert np.abs(out["probability"].to_numpy(float) - ref.probs).max() <= 1e-6
+    # batch: every line of the raw day, the test split's rows among them
+    kedro(proj, "run", "--pipelines=score", "--env=test", f"--params=score.model={uri}")
+    scores = pq.read_table(proj / "data/07_model_output/scores_test.parquet").to_pandas()
+    assert scores["row"].tolist() == list(range(20000)) and scores["error"].isna().all()
+    assert np.abs(scores["score"].to_numpy()[ref.rows] - ref.probs).max() <= 1e-6
+    assert np.array_equal(scores["label"].to_numpy()[ref.rows], ref.labels.astype(np.int8))
+    score_run = _runs(proj, "score")[0].iloc[0]
+    assert score_run["metrics.score.rows_scored"] == 20000
+    assert score_run["metrics.score.rows_rejected"] == 0 and score_run["params.score.model"] == uri
+    # served over HTTP: the same scores; a bad row comes back with its reason; the limit holds
+    with served(proj, uri, tmp_path / "serve.log") as base:
+        status, body = invoke(base, frame)
+        assert status == 200, body
+        got = body["predictions"]
+        assert [p["row"] for p in got] == list(range(len(frame)))
+        assert np.abs(np.array([p["probability"] for p in got]) - ref.probs).max() <= 1e-6
+        bad = frame.iloc[:3].astype({"C3": object})
+        bad.iloc[1, bad.columns.get_loc("C3")] = "not-hex"
+        status, body = invoke(base, bad)
+        assert status == 200
+        assert [p["error"] for p in body["predictions"]] == [
+            None, "bad id: C3='not-hex' is not hexadecimal", None]
+        assert body["predictions"][1]["probability"] is None
+        many = criteo_frame([raw], range(2501)).drop(columns=["label"])
+        status, body = invoke(base, many)
+        assert status == 400 and "score.serving.max_request_rows=2500" in body["message"], body

@@ -25,16 +25,23 @@ TOY = ("data.generator.num_rows=60000,train.epochs=1,train.log_every=10,"
        "train.batch_size_per_rank=512")
 
 
-def _runs(proj):
+def _runs(proj, pipeline="dlrm"):
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{proj}/mlruns/mlflow.db")
-    return mlflow.search_runs(experiment_names=["recscale"]), mlflow.MlflowClient()
+    runs = mlflow.search_runs(experiment_names=["recscale"])
+    return runs[runs["tags.kedro.pipeline"] == pipeline], mlflow.MlflowClient()
 
 
-def test_the_clicklog_env_trains_on_its_schema_and_logs_the_fitted_schema(tmp_path):
-    proj = make_project_copy(tmp_path)
+@pytest.fixture(scope="module")
+def clicklog(tmp_path_factory):
+    proj = make_project_copy(tmp_path_factory.mktemp("clicklog"))
     kedro(proj, "run", "--pipelines=dlrm", "--env=clicklog", f"--params={TOY}")
+    return proj
+
+
+def test_the_clicklog_env_trains_on_its_schema_and_logs_the_fitted_schema(clicklog, tmp_path):
+    proj = clicklog
     runs, client = _runs(proj)
     run = runs.iloc[0]
     assert run["metrics.data.rows_written"] == 60000 and run["metrics.data.rows_rejected"] == 0
@@ -58,6 +65,62 @@ def test_the_clicklog_env_trains_on_its_schema_and_logs_the_fitted_schema(tmp_pa
                     "t_interests": 8, "t_price_band": 4}
     assert {t["name"]: tuple(t["feature_names"]) for t in tables}["t_items"] == \
         ("item_id", "history")  # one table, both features
+
+
+def test_the_clicklog_model_scores_raw_rows_as_the_evaluation_and_catches_skew(
+        clicklog, tmp_path, monkeypatch):
+    """The click log's logged model takes its raw rows (string user ids, integer item ids,
+    lists of genres, interests with their weights, the history; raw prices): in process, from
+    ``kedro run --pipeline=score`` and over HTTP its scores equal the evaluation path's on the
+    test split, row by row. Its fitted statistic or a vocabulary entry changed in the saved
+    model, the scores no longer match: the comparison catches training/serving skew."""
+    import mlflow
+    import torch
+
+    from recscale.model import model_from_resolved
+    from recscale.scoring import score_split
+    from tests.e2e.serving import invoke, served
+
+    proj = clicklog
+    runs, client = _runs(proj)
+    run_id = runs.iloc[0]["run_id"]
+    uri = f"runs:/{run_id}/model"
+    monkeypatch.chdir(proj)
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp_path)))
+    resolved = json.loads((local / "artifacts" / "resolved_config.json").read_text())
+    state = torch.load(local / "artifacts" / "state_dict.pt", weights_only=True)
+    man = load_manifest(proj / "data/05_model_input/clicklog")
+    ref = score_split(model_from_resolved(resolved, state), man, "test", 4096)
+    raw = proj / "data/01_raw/clicklog/table_00.parquet"
+    frame = pq.read_table(raw).take(ref.rows).to_pandas().drop(columns=["click"])
+    frame.index = ref.rows
+    assert frame["user_id"].dtype != np.int64 and frame["genres"].map(len).max() > 1
+
+    def diff(got) -> float:
+        return float(np.abs(np.asarray(got, dtype=float) - ref.probs).max())
+
+    out = mlflow.pyfunc.load_model(uri).predict(frame)
+    assert np.array_equal(out["row"].to_numpy(), ref.rows) and diff(out["probability"]) <= 1e-6
+    kedro(proj, "run", "--pipelines=score", "--env=clicklog", f"--params=score.model={uri}")
+    scores = pq.read_table(proj / "data/07_model_output/clicklog_scores.parquet").to_pandas()
+    assert scores["row"].tolist() == list(range(60000)) and scores["error"].isna().all()
+    assert diff(scores["score"].to_numpy()[ref.rows]) <= 1e-6
+    with served(proj, uri, tmp_path / "serve.log") as base:
+        status, body = invoke(base, frame)
+        assert status == 200, body
+        assert diff([p["probability"] for p in body["predictions"]]) <= 1e-6
+    # skew: the saved model with price's fitted mean moved, or two items' rows swapped
+    stats = json.loads(json.dumps(resolved))
+    stats["schema"]["stats"]["price"]["mean"] += 0.05
+    (local / "artifacts" / "resolved_config.json").write_text(json.dumps(stats))
+    assert diff(mlflow.pyfunc.load_model(str(local)).predict(frame)["probability"]) > 1e-4
+    (local / "artifacts" / "resolved_config.json").write_text(json.dumps(resolved))
+    assert diff(mlflow.pyfunc.load_model(str(local)).predict(frame)["probability"]) <= 1e-6
+    vocab = pq.read_table(local / "artifacts" / "vocabulary.parquet").to_pandas()
+    items = vocab.index[vocab["feature"] == "items"][:2]
+    vocab.loc[items, "id"] = vocab.loc[items[::-1], "id"].to_numpy()
+    vocab.to_parquet(local / "artifacts" / "vocabulary.parquet", index=False)
+    assert diff(mlflow.pyfunc.load_model(str(local)).predict(frame)["probability"]) > 1e-4
 
 
 SCHEMA = {"label": "clicked",

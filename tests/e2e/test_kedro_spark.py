@@ -41,3 +41,22 @@ def test_dlrm_pipeline_on_spark_writes_what_pyarrow_writes_and_trains(tmp_path):
         want = pq.read_table(json.loads(open(ref.manifest_path).read())["splits"][s]["files"])
         assert got.column("row").to_pylist() == want.column("row").to_pylist()
         assert got.select(["label", "C1", "C26"]).equals(want.select(["label", "C1", "C26"]))
+    # the run's model scores the raw day on Spark (the day twice: two units, two tasks) as the
+    # pyarrow engine does, to the bit
+    import mlflow
+
+    from recscale.scoring.files import score_files
+
+    mlflow.set_tracking_uri(f"sqlite:///{proj}/mlruns/mlflow.db")
+    runs = mlflow.search_runs(experiment_names=["recscale"])
+    uri = f"runs:/{runs.iloc[0]['run_id']}/model"
+    day = "data/01_raw/synthetic_test/day_00.tsv"
+    (proj / "conf" / "spark" / "parameters_score.yml").write_text(
+        f"score:\n  engine: spark\n  model: {uri}\n  data:\n    files: [{day}, {day}]\n")
+    res = kedro(proj, "run", "--pipelines=score", "--env=spark")
+    assert "spark: 2 units scored" in res.stdout + res.stderr
+    got = pq.read_table(proj / "data/07_model_output/scores_test.parquet")
+    scorer = mlflow.pyfunc.load_model(uri).unwrap_python_model().scorer
+    want = pq.read_table(score_files(scorer, [proj / day] * 2, tmp_path / "ref.parquet",
+                                     "criteo_tsv").out_path)
+    assert got.num_rows == 40000 and got.equals(want)

@@ -13,7 +13,7 @@ import logging
 import re
 from pathlib import Path
 
-from recscale.config import parse
+from recscale.config import parse, to_dict
 from recscale.data.synthetic import generate_criteo_tsv
 from recscale.pipelines.common import DLRM_BLOCKS, as_metrics
 from recscale.retrain import (
@@ -29,6 +29,7 @@ from recscale.retrain import (
     state_dict_file_source,
     train_warm,
 )
+from recscale.scoring.config import ScoreConfig
 from recscale.train import resolved_config
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,8 @@ def train_challenger(manifest: dict, warm: dict, cfg: DLRMRetrainConfig):
     return {"model": out.model, "resolved": resolved, "history": r.history}, metrics
 
 
-def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfig):
+def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfig,
+                         score: ScoreConfig):
     """Challenger vs champion on the same held-out rows (the library decides); register the
     challenger, move the alias when the rule says so, tag, log the pictures and a report."""
     from recscale.pipelines.retrain import registry
@@ -120,7 +122,7 @@ def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfi
             "retrain.warm_start": resolved["warm_start"]["detail"],
             "retrain.promoted": str(promote).lower(), "retrain.reason": reason}
     version = registry.register(challenger["model"].state_dict(), resolved, rc.registered_model,
-                                tags)
+                                tags, manifest.get("vocabulary_path"), to_dict(score.serving))
     if promote:
         registry.move_alias(rc.registered_model, rc.alias, version.version)
         log.info("%s -> version %s: %s", rc.alias, version.version, reason)

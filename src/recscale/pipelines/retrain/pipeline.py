@@ -4,6 +4,7 @@ champion on the same rows, register, move the alias by the rule, record the part
 from kedro.pipeline import Node, Pipeline
 
 from recscale.pipelines.retrain import nodes as N
+from recscale.pipelines.scoring.pipeline import score_config_node
 
 
 def _config_node() -> Node:
@@ -13,7 +14,7 @@ def _config_node() -> Node:
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([
-        _config_node(),
+        _config_node(), score_config_node(),
         Node(N.find_new_partitions, "retrain_config", "retrain_batch", name="find_new_partitions"),
         Node(N.resolve_warm_start, ["retrain_batch", "retrain_config"], "retrain_warm_start",
              name="resolve_warm_start"),
@@ -23,8 +24,9 @@ def create_pipeline(**kwargs) -> Pipeline:
              ["retrain_dataset_manifest", "retrain_warm_start", "retrain_config"],
              ["retrain_challenger", "retrain_training_metrics"], name="train_challenger"),
         Node(N.evaluate_and_promote,
-             ["retrain_dataset_manifest", "retrain_challenger", "retrain_config"],
-             ["retrain_outcome", "retrain_metrics"], name="evaluate_and_promote"),
+             ["retrain_dataset_manifest", "retrain_challenger", "retrain_config",
+              "score_config"], ["retrain_outcome", "retrain_metrics"],
+             name="evaluate_and_promote"),
         Node(N.record_consumed, ["retrain_batch", "retrain_outcome", "retrain_config"], None,
              name="record_consumed"),
     ])

@@ -1,7 +1,8 @@
 """The MLflow Model Registry side of retraining (Kedro side: the library never imports MLflow).
 
-Versions of ``retrain.registered_model`` are logged as pyfunc models from code
-(``pyfunc_model.py``) holding the state_dict and its resolved config; the alias (``champion``)
+Versions of ``retrain.registered_model`` are the model that scores raw rows
+(``recscale.pipelines.scoring.pyfunc_model``: weights, resolved config with the fitted schema,
+vocabulary); the alias (``champion``)
 points at the version that serves. Each version carries tags: its AUC on the rows it was
 evaluated on, the champion's AUC on the same rows, the decision and why.
 """
@@ -21,21 +22,6 @@ from mlflow.tracking import MlflowClient
 from recscale.retrain.warm import WarmStart, WarmStartSource
 
 log = logging.getLogger(__name__)
-
-PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")
-
-
-def _pip_requirements() -> list[str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = []
-    for dist in ("torch", "fbgemm-gpu-cpu", "mlflow", "numpy", "pandas", "pyarrow", "recscale"):
-        try:
-            out.append(f"{dist}=={version(dist)}")
-        except PackageNotFoundError:
-            pass
-    return out
-
 
 def champion_version(name: str, alias: str):
     """The ModelVersion the alias points at, or None (no registered model, or no alias yet)."""
@@ -69,17 +55,14 @@ def champion_source(name: str, alias: str) -> WarmStartSource:
     return load
 
 
-def register(state: dict, resolved_config: dict, name: str, tags: dict[str, str]):
-    """Log the model into the active run and register it as a new version of ``name``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        sd, cfg = Path(tmp) / "state_dict.pt", Path(tmp) / "resolved_config.json"
-        torch.save({k: v.detach().cpu() for k, v in state.items()}, sd)
-        cfg.write_text(json.dumps(resolved_config, indent=2))
-        info = mlflow.pyfunc.log_model(
-            name="dlrm", python_model=str(PYFUNC_CODE),
-            artifacts={"state_dict": str(sd), "resolved_config": str(cfg)},
-            pip_requirements=_pip_requirements(), registered_model_name=name,
-        )
+def register(state: dict, resolved_config: dict, name: str, tags: dict[str, str],
+             vocabulary_path: str | None, serving: dict):
+    """Log the model that scores raw rows into the active run and register it as a new version
+    of ``name``."""
+    from recscale.pipelines.scoring.model_log import log_scoring_model
+
+    info = log_scoring_model(state, resolved_config, vocabulary_path, serving,
+                             registered_model_name=name)
     client = MlflowClient()
     version = str(info.registered_model_version)
     for k, v in tags.items():

@@ -1,21 +1,27 @@
-"""The registered DLRM as an MLflow pyfunc ("models from code": MLflow stores this file, not a
-pickle). Input: a DataFrame of rows as preprocessing wrote them, in the parquet schema of the
-retrain's splits (I1..I13 float32 = log1p of the counts; C1..C26 each id's row in its table:
-with ``preprocess.ids: hash`` the 32-bit id modulo the table size, with ``ids: vocab`` its row in
-the vocabulary the model was trained with, which the caller must then apply too; null = missing);
-output: click probabilities. Raw rows are not taken: the caller preprocesses them as training
-did. Weights are loaded with ``torch.load(weights_only=True)``.
+"""The logged DLRM as an MLflow pyfunc ("models from code": MLflow stores this file, not a
+pickle), which every ``dlrm`` run and every retrain logs (``model_log.log_scoring_model``).
+
+Input: a DataFrame of RAW rows, as the source holds them: ids as strings or integers, dense
+values as raw numbers, multi-hot features as lists or delimited strings, the label optional.
+The model carries its fitted schema (the transforms with their statistics, the hash rules, the
+table map), its vocabulary and its weights (``torch.load(weights_only=True)``), and scores the
+rows through the preprocessing code itself (``recscale.scoring.raw.RawScorer``). Output: a
+DataFrame with the input's index, ``row`` (that index), ``probability`` (the click
+probability, a float; None where the row was rejected) and ``error`` (why a row was rejected, naming the
+column and the value; null where it was scored). A request of more rows than
+``score.serving.max_request_rows`` (carried in the model) is refused, naming the limit.
 
     model = mlflow.pyfunc.load_model("models:/recscale-dlrm@champion")
-    probs = model.predict(pd.read_parquet("data/05_model_input/retrain/test/part-00000.parquet"))
+    model.predict(pd.DataFrame({"I1": [3], ..., "C1": ["68fd1e64"], ...}))
 """
 
 import json
 from pathlib import Path
 
 import mlflow
-import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
 
@@ -23,29 +29,35 @@ class DLRMPyfunc(PythonModel):
     def load_context(self, context) -> None:
         import torch
 
-        from recscale.data.schema import FittedSchema
-        from recscale.model import model_from_resolved
+        from recscale.scoring.raw import RawScorer
 
         cfg = json.loads(Path(context.artifacts["resolved_config"]).read_text())
+        serving = json.loads(Path(context.artifacts["serving"]).read_text())
         state = torch.load(context.artifacts["state_dict"], map_location="cpu", weights_only=True)
-        self.model = model_from_resolved(cfg, state).eval()
-        fitted = FittedSchema.of(cfg)  # the columns: the dataset's, as the model was trained on
-        self.dense_names, self.sparse_names = fitted.dense_names, fitted.sparse_names
+        self.scorer = RawScorer.load(cfg, state, context.artifacts.get("vocabulary"),
+                                     batch_size=serving["batch_size"])
+        self.max_rows = int(serving["max_request_rows"])
 
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> np.ndarray:
-        import torch
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        from recscale.config import ConfigError
+        from recscale.scoring.raw import frame_to_table
 
-        from recscale.data.loader import Columns, to_batch
-
-        n = len(model_input)
-        sparse = model_input[list(self.sparse_names)]
-        cols = Columns(row=np.arange(n, dtype=np.int64), label=np.zeros(n, np.float32),
-                       dense=model_input[list(self.dense_names)].to_numpy(np.float32),
-                       ids=sparse.fillna(0).to_numpy(np.int64), present=sparse.notna().to_numpy(),
-                       keys=self.sparse_names)
-        batch = to_batch(cols)
-        with torch.no_grad():
-            return torch.sigmoid(self.model(batch.dense, batch.sparse)).numpy().astype(np.float64)
+        if len(model_input) > self.max_rows:
+            raise MlflowException(
+                f"the request holds {len(model_input)} rows, more than "
+                f"score.serving.max_request_rows={self.max_rows} (the model's limit): send at "
+                "most that many rows a request", INVALID_PARAMETER_VALUE)
+        try:
+            got = self.scorer.score_table(frame_to_table(model_input))
+        except ConfigError as exc:
+            raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
+        n, index = len(model_input), model_input.index
+        # None, not NaN, where a row was rejected: the served JSON stays JSON (null)
+        probs = [None if i in got.errors else float(p) for i, p in enumerate(got.probs)]
+        return pd.DataFrame({"row": index,
+                             "probability": pd.Series(probs, index=index, dtype=object),
+                             "error": pd.Series([got.errors.get(i) for i in range(n)],
+                                                index=index, dtype=object)}, index=index)
 
 
 mlflow.models.set_model(DLRMPyfunc())
