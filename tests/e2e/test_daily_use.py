@@ -145,6 +145,11 @@ def test_retrain_day1_then_day2_registers_two_versions_and_champion_follows_the_
     assert {a.path for a in c.list_artifacts(run.info.run_id, "plots")} >= {
         "plots/loss.png", "plots/throughput.png", "plots/roc.png", "plots/calibration.png",
         "plots/auc_history.png"}
+    # the night's sharding plan, planned and logged as a dlrm run's
+    assert {a.path for a in c.list_artifacts(run.info.run_id, "sharding")} == {
+        "sharding/sharding_plan.json", "sharding/sharding_report.txt",
+        "sharding/sharding_plan.png"}
+    assert run.data.metrics["sharding.world_size"] == 1
 
 
 def test_the_registered_champion_predicts_what_the_evaluation_scores(daily, monkeypatch):

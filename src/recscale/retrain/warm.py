@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,20 +102,24 @@ def checkpoint_source(checkpoint_dir: str | os.PathLike) -> WarmStartSource:
 
 
 def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = None,
-               checkpoint_dir: str | None = None) -> TrainOutcome:
+               checkpoint_dir: str | None = None, plan=None) -> TrainOutcome:
     """Train on the manifest's train split starting from ``warm``, on the same path as every
-    other run (``train_dlrm``: one process, the plan's memory tiers, a CPU model back).
+    other run (``train_dlrm``: one process or sharded over ``train.launch.world_size`` ranks,
+    the plan's memory tiers, a CPU model back). ``plan``: the sharding plan (default: planned
+    here, as ``plan_for_run`` plans a ``dlrm`` run).
 
     From a checkpoint, the run starts with its weights and optimizer state; from a state_dict
     (``latest``, ``champion``) with its tables and their optimizer state, the dense optimizer
     fresh. With ``preprocess.ids: vocab`` the data's tables may be larger than the warm
     model's (its vocabulary grew): the tables grow, every old row and its optimizer state kept,
-    new rows as a fresh model initialises them (a checkpoint then goes through its state_dict,
-    the dense optimizer fresh); a table that would shrink fails, naming it and both sizes. With ``checkpoint_dir`` the run writes its own checkpoints there (the next retrain's
+    new rows as a fresh model initialises them; a table that would shrink fails, naming it and
+    both sizes. A checkpoint's rows are read by offset into the grown tables
+    (``train.checkpoint.init_grow``; sharded, each rank its shards' rows, whatever the world size
+    and plan that wrote it), with both optimizers' state; only a run that writes no checkpoints
+    goes through the checkpoint's state_dict (the dense optimizer fresh). Sharded, a state_dict
+    is first written as a checkpoint (``warm_checkpoint``). With
+    ``checkpoint_dir`` the run writes its own checkpoints there (the next retrain's
     ``checkpoint`` source)."""
-    if cfg.train.world_size != 1:
-        raise ConfigError(f"train.launch.world_size={cfg.train.world_size} is not allowed in "
-                          "dlrm_retrain: expected 1 (retraining runs in one process)")
     if warm is not None and "schema" in warm.config and "schema" in manifest:
         change = schema_change(FittedSchema.of(warm.config).schema,
                                FittedSchema.of(manifest).schema)
@@ -122,6 +127,7 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
             raise ConfigError(f"the warm start from {warm.source} was trained on another feature "
                               f"schema: {change}. A retrain keeps its model's schema; train a "
                               "model of the new one with the dlrm pipeline")
+    sharded = cfg.train.world_size > 1
     init_from = warm.checkpoint if warm else None
     state = warm.state if warm is not None else None
     grow_from = None
@@ -134,14 +140,45 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
         check_table_growth(warm.table_sizes, manifest["table_sizes"],
                            manifest["sparse_features"])
         grow_from = list(warm.table_sizes)
-        if init_from is not None:  # the checkpoint's tables and their optimizer state
+        if init_from is not None and checkpoint_dir is None and not cfg.train.checkpoint.dir:
+            # no checkpoints in this run: the checkpoint's tables and their state, through a
+            # state_dict (the dense optimizer fresh)
             state, init_from = checkpoint_state(init_from, grow_from, manifest, cfg), None
+    if sharded and state is not None:  # the sharded runtime starts from checkpoints only
+        init_from = warm_checkpoint(state, warm.table_sizes or manifest["table_sizes"], manifest,
+                                    cfg, Path(cfg.retrain.model_dir) / "warm_start")
+        state = None
     ck = dataclasses.replace(cfg.train.checkpoint,
                              dir=str(checkpoint_dir) if checkpoint_dir else cfg.train.checkpoint.dir,
-                             resume="never", init_from=init_from)
+                             resume="never", init_from=init_from,
+                             init_grow=init_from is not None and grow_from is not None)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint=ck))
-    return train_dlrm(manifest, cfg.model, cfg.train, plan=plan_for_run(manifest, cfg),
-                      comms=cfg.comms, init_state=state, init_state_table_sizes=grow_from)
+    return train_dlrm(manifest, cfg.model, cfg.train, plan=plan or plan_for_run(manifest, cfg),
+                      comms=cfg.comms, init_state=state,
+                      init_state_table_sizes=grow_from if state is not None else None)
+
+
+def warm_checkpoint(state: dict[str, torch.Tensor], table_sizes: Sequence[int], manifest: dict,
+                    cfg: DLRMRetrainConfig, out_dir: str | os.PathLike) -> str:
+    """A warm start's state_dict (of tables ``table_sizes``) written as a checkpoint under
+    ``out_dir``, so the sharded runtime can start from it (each rank reads its shards' rows by
+    offset): the tables and their optimizer state, the dense layers, a fresh dense optimizer."""
+    from recscale.runconfig import CheckpointConfig, recipe_for
+    from recscale.train.checkpoint import Checkpointer, dense_tensors, model_fingerprint
+    from recscale.train.step import make_dense_optimizer
+
+    old = {**manifest, "table_sizes": list(table_sizes)}
+    model = recipe_for(old, cfg.model, cfg.train).build("cpu")
+    model.load_state_dict(state)
+    dense, rest = dense_tensors(model.dense, make_dense_optimizer(model.dense.parameters(),
+                                                                  cfg.train.dense_optimizer))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    ckpt = Checkpointer(CheckpointConfig(dir=str(out_dir), keep_last=1), "warm",
+                        fingerprint=model_fingerprint(old, cfg.model, cfg.train))
+    path = ckpt.save(0, model.embeddings.shards(), dense, rest, {"steps": 0})
+    if path is None:
+        raise RuntimeError(f"could not write the warm start as a checkpoint under {out_dir}")
+    return path
 
 
 def checkpoint_state(path: str, table_sizes: list[int], manifest: dict,

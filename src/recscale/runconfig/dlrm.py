@@ -37,6 +37,10 @@ class CheckpointConfig(Validated):
     # a checkpoint (step directory) whose model and optimizer state start this run when there is
     # nothing to resume: a warm start on new data, counters and data position from zero
     init_from: str | None = None
+    # init_from's tables may be smaller than the data's (a vocabulary grown append-only, as the
+    # retrain's are): its rows fill each table's first rows, the rows past them start as a fresh
+    # model's (weights and optimizer state)
+    init_grow: bool = False
 
     def validate(self, prefix: str = "train.checkpoint") -> None:
         check(self.every_steps >= 0, f"{prefix}.every_steps", self.every_steps, ">= 0 (0: at the end only)")

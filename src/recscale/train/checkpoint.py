@@ -41,6 +41,7 @@ from recscale.train.checkpoint_files import (
     CheckpointError,
     CheckpointRefused,
     check_fingerprint,
+    check_growth,
     crc32,
     list_checkpoints,
     load_dense,
@@ -305,14 +306,19 @@ class Checkpointer:
         path = self.cfg.init_from
         if not path:
             return None
+        grow = self.cfg.init_grow
         if self.rank == 0 or not _distributed(self.group):
             manifest = read_manifest(path)
-            check_fingerprint(path, manifest, self.fingerprint)
+            want = {k: v for k, v in self.fingerprint.items() if not (grow and k == "table_sizes")}
+            check_fingerprint(path, manifest, want)
+            if grow:
+                check_growth(path, manifest, self.fingerprint.get("table_sizes"))
             verify_files(path, manifest, hashes=True)
         if _distributed(self.group):
             dist.barrier(group=self.group)
         manifest = read_manifest(path)
-        load_shards(path, manifest, targets)
+        load_shards(path, manifest, targets,
+                    manifest["fingerprint"]["table_sizes"] if grow else None)
         load_dense(path, manifest, dense, opt)
         if self.rank == 0:
             log.info("initialised from checkpoint %s (step %d of run %s): model and optimizer "

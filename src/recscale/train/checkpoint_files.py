@@ -95,6 +95,22 @@ def check_fingerprint(path: str, manifest: dict, fingerprint: dict) -> None:
                                   f"{key}={want}: it cannot be loaded into this model")
 
 
+def check_growth(path: str, manifest: dict, table_sizes: Sequence[int] | None) -> None:
+    """An ``init_from`` checkpoint into larger tables (a grown vocabulary): as many tables, none
+    larger than the model's; else CheckpointError naming the table and both sizes."""
+    saved = manifest.get("fingerprint", {}).get("table_sizes")
+    if saved is None or table_sizes is None:
+        raise CheckpointError(f"checkpoint {path} records no table sizes: it cannot grow into "
+                              "this model's tables")
+    if len(saved) != len(table_sizes):
+        raise CheckpointError(f"checkpoint {path} has {len(saved)} tables, this model "
+                              f"{len(table_sizes)}")
+    for t, (a, b) in enumerate(zip(saved, table_sizes)):
+        if int(a) > int(b):
+            raise CheckpointError(f"checkpoint {path}: table {t} has {a} rows, more than this "
+                                  f"model's {b}: a warm start only grows tables")
+
+
 # ---------------------------------------------------------------------------------- loading
 def _overlap(a0: int, an: int, b0: int, bn: int) -> tuple[int, int] | None:
     lo, hi = max(a0, b0), min(a0 + an, b0 + bn)
@@ -109,10 +125,14 @@ def _load(state: dict, path: str) -> None:
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
 
 
-def load_shards(path: str, manifest: dict, targets: Sequence[TableShard]) -> None:
+def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
+                saved_rows: Sequence[int] | None = None) -> None:
     """Fill ``targets`` (any plan, any world size) from the checkpoint by the manifest's offsets.
     Every saved piece read is checked against its CRC-32; raises CheckpointRefused naming the
-    shard whose data does not match, CheckpointError when a target region is not covered."""
+    shard whose data does not match, CheckpointError when a target region is not covered.
+    ``saved_rows``: the checkpoint's table sizes when the targets' tables are larger (a grown
+    vocabulary): the rows at and past them are not in the checkpoint and keep what the targets
+    hold (a fresh model's rows and optimizer state)."""
     by_table: dict[int, list[dict]] = {}
     for e in manifest["shards"]:
         by_table.setdefault(e["table"], []).append(e)
@@ -136,7 +156,10 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard]) -> Non
                 request.setdefault(e["key"] + ".w", torch.empty(e["rows"], e["cols"]))
             for i, st in enumerate(e["states"]):
                 request.setdefault(f"{e['key']}.s{i}", torch.empty(st["shape"]))
-        if covered != rows * cols:
+        expect = rows * cols
+        if saved_rows is not None:  # only the rows the checkpoint's (smaller) table has
+            expect = max(0, min(rows, int(saved_rows[tg.table]) - tg.row_offset)) * cols
+        if covered != expect:
             raise CheckpointError(f"checkpoint {path}: table {tg.table} rows {tg.row_offset}.."
                                   f"{tg.row_offset + rows} columns {tg.col_offset}..{tg.col_offset + cols}"
                                   f" are not all in the checkpoint ({covered} of {rows * cols} cells)")

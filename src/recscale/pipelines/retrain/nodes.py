@@ -29,6 +29,7 @@ from recscale.retrain import (
     state_dict_file_source,
     train_warm,
 )
+from recscale.runconfig import plan_for_run
 from recscale.scoring.config import ScoreConfig
 from recscale.train import resolved_config
 
@@ -78,11 +79,31 @@ def prepare_retrain_data(batch: dict, warm: dict, cfg: DLRMRetrainConfig) -> dic
     return prepare_partitions([Partition(**p) for p in batch["partitions"]], warm["warm"], cfg)
 
 
-def train_challenger(manifest: dict, warm: dict, cfg: DLRMRetrainConfig):
+def plan_retrain(manifest: dict, cfg: DLRMRetrainConfig):
+    """The night's sharding plan, as a ``dlrm`` run plans (``plan_for_run``: the tables as
+    preprocessing sized them, grown vocabularies included, for ``train.launch.world_size``
+    ranks); its JSON, report and chart logged with the run (a night without new data logs
+    nothing)."""
+    from recscale.pipelines.retrain import registry
+
+    if _skipped(manifest):
+        return SKIPPED, {}
+    plan = plan_for_run(manifest, cfg)
+    log.info("sharding plan\n%s", plan.report())
+    registry.log_plan(plan)
+    return plan, as_metrics({"max_cost_ms": plan.max_cost * 1e3,
+                             "mean_cost_ms": plan.mean_cost * 1e3,
+                             "max_over_mean": plan.max_over_mean,
+                             "planning_seconds": plan.planning_seconds,
+                             "world_size": plan.world_size})
+
+
+def train_challenger(manifest: dict, warm: dict, plan, cfg: DLRMRetrainConfig):
     if _skipped(manifest):
         return SKIPPED, {}
     ws = warm["warm"]
-    out = train_warm(manifest, cfg, ws, checkpoint_dir=f"{cfg.retrain.model_dir}/checkpoints")
+    out = train_warm(manifest, cfg, ws, checkpoint_dir=f"{cfg.retrain.model_dir}/checkpoints",
+                     plan=plan)
     r = out.result
     resolved = resolved_config(cfg, out, manifest,
                                warm_start={"source": ws.source, "detail": ws.detail},

@@ -122,5 +122,19 @@ def log_pictures(history: dict, scored: dict, name: str) -> None:
         mlflow.log_figure(fig, f"plots/{fname}")
 
 
+def log_plan(plan) -> None:
+    """The night's sharding plan: its JSON, report and chart, as a ``dlrm`` run logs them."""
+    from recscale.sharding import save_chart
+
+    if mlflow.active_run() is None:
+        return
+    mlflow.log_dict(plan.to_dict(), "sharding/sharding_plan.json")
+    mlflow.log_text(plan.report(), "sharding/sharding_report.txt")
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / "sharding_plan.png"
+        save_chart(plan, chart)
+        mlflow.log_artifact(str(chart), "sharding")
+
+
 def log_report(report: dict) -> None:
     mlflow.log_dict(report, "retrain/report.json")
