@@ -32,8 +32,14 @@ class RetrainConfig(Validated):
     alias: str = "champion"
     # the challenger takes the alias when its AUC >= the champion's AUC + min_auc_gain
     min_auc_gain: float = 0.0
+    # a drill: kill_before_register SIGKILLs the driver after training, before the model is
+    # registered (the ledger, the alias and the registry must be as they were; a rerun resumes)
+    fault_injection: str | None = None
 
     def validate(self, prefix: str = "retrain") -> None:
+        if self.fault_injection is not None:
+            check_choice(f"{prefix}.fault_injection", self.fault_injection,
+                         ("kill_before_register",))
         for i, s in enumerate(self.warm_start):
             check_choice(f"{prefix}.warm_start[{i}]", s, WARM_START_SOURCES)
         check(len(set(self.warm_start)) == len(self.warm_start), f"{prefix}.warm_start",

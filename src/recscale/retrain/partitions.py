@@ -9,6 +9,7 @@ in the same directory, fsync, rename), so a crash leaves the old or the new ledg
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import logging
 import os
@@ -48,6 +49,13 @@ def find_partitions(landing_dir: str | os.PathLike, pattern: str) -> list[Partit
         st = p.stat()
         out.append(Partition(p.relative_to(root).as_posix(), str(p), st.st_size, st.st_mtime_ns))
     return sorted(out, key=lambda q: natural_key(q.name))
+
+
+def night_key(partitions: list[Partition]) -> str:
+    """A name for one night's batch of partitions (their names and sizes): a night that fails and
+    runs again with the same batch finds its own checkpoints under it."""
+    ident = json.dumps([[p.name, p.bytes] for p in partitions])
+    return "night-" + hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
 class PartitionLedger:

@@ -83,13 +83,20 @@ def state_dict_file_source(model_dir: str | os.PathLike) -> WarmStartSource:
     return load
 
 
-def checkpoint_source(checkpoint_dir: str | os.PathLike) -> WarmStartSource:
-    """The newest checkpoint under ``checkpoint_dir`` (previous retrains write theirs there):
-    weights and the embedding and dense optimizers' state, unlike a state_dict."""
+def checkpoint_source(checkpoint_dir: str | os.PathLike,
+                      ledger: str | os.PathLike | None = None) -> WarmStartSource:
+    """The checkpoint of the last night the ``ledger`` records as consumed (its model was
+    registered), else the newest checkpoint directly under ``checkpoint_dir``: weights and the
+    embedding and dense optimizers' state, unlike a state_dict. A night that failed before
+    registering is not a warm start: its own rerun resumes from its checkpoints."""
     def load() -> WarmStart | None:
+        from recscale.retrain.partitions import PartitionLedger
         from recscale.train.checkpoint import list_checkpoints, read_manifest
 
-        found = list_checkpoints(str(checkpoint_dir), all_runs=True)
+        done = [e["checkpoint"] for e in (PartitionLedger(ledger).entries() if ledger else [])
+                if e.get("checkpoint")]
+        found = [done[-1]] if done and os.path.isdir(done[-1]) else \
+            list_checkpoints(str(checkpoint_dir), all_runs=True)
         if not found:
             return None
         manifest = read_manifest(found[0])
@@ -102,7 +109,8 @@ def checkpoint_source(checkpoint_dir: str | os.PathLike) -> WarmStartSource:
 
 
 def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = None,
-               checkpoint_dir: str | None = None, plan=None) -> TrainOutcome:
+               checkpoint_dir: str | None = None, plan=None, resume: bool = False
+               ) -> TrainOutcome:
     """Train on the manifest's train split starting from ``warm``, on the same path as every
     other run (``train_dlrm``: one process or sharded over ``train.launch.world_size`` ranks,
     the plan's memory tiers, a CPU model back). ``plan``: the sharding plan (default: planned
@@ -119,7 +127,8 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
     goes through the checkpoint's state_dict (the dense optimizer fresh). Sharded, a state_dict
     is first written as a checkpoint (``warm_checkpoint``). With
     ``checkpoint_dir`` the run writes its own checkpoints there (the next retrain's
-    ``checkpoint`` source)."""
+    ``checkpoint`` source); with ``resume`` a checkpoint already there (the same night, run
+    again after a failure) is resumed exactly instead (any world size), the warm start unused."""
     if warm is not None and "schema" in warm.config and "schema" in manifest:
         change = schema_change(FittedSchema.of(warm.config).schema,
                                FittedSchema.of(manifest).schema)
@@ -150,7 +159,7 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
         state = None
     ck = dataclasses.replace(cfg.train.checkpoint,
                              dir=str(checkpoint_dir) if checkpoint_dir else cfg.train.checkpoint.dir,
-                             resume="never", init_from=init_from,
+                             resume="latest" if resume else "never", init_from=init_from,
                              init_grow=init_from is not None and grow_from is not None)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint=ck))
     return train_dlrm(manifest, cfg.model, cfg.train, plan=plan or plan_for_run(manifest, cfg),

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
+import signal
 from pathlib import Path
 
 from recscale.config import parse, to_dict
@@ -29,6 +31,7 @@ from recscale.retrain import (
     state_dict_file_source,
     train_warm,
 )
+from recscale.retrain.partitions import night_key
 from recscale.runconfig import plan_for_run
 from recscale.scoring.config import ScoreConfig
 from recscale.train import resolved_config
@@ -67,7 +70,8 @@ def resolve_warm_start(batch: dict, cfg: DLRMRetrainConfig) -> dict:
     from recscale.pipelines.retrain.registry import champion_source
 
     rc = cfg.retrain
-    sources = {"checkpoint": lambda: checkpoint_source(f"{rc.model_dir}/checkpoints"),
+    sources = {"checkpoint": lambda: checkpoint_source(f"{rc.model_dir}/checkpoints",
+                                                       rc.ledger),
                "latest": lambda: state_dict_file_source(rc.model_dir),
                "champion": lambda: champion_source(rc.registered_model, rc.alias)}
     return {"warm": first_warm_start([(s, sources[s]()) for s in rc.warm_start])}
@@ -102,8 +106,10 @@ def train_challenger(manifest: dict, warm: dict, plan, cfg: DLRMRetrainConfig):
     if _skipped(manifest):
         return SKIPPED, {}
     ws = warm["warm"]
-    out = train_warm(manifest, cfg, ws, checkpoint_dir=f"{cfg.retrain.model_dir}/checkpoints",
-                     plan=plan)
+    # the night's own checkpoints: a rerun of a night that failed resumes from them
+    night = Path(cfg.retrain.model_dir) / "checkpoints" / night_key(
+        [Partition(**p) for p in manifest["partitions"]])
+    out = train_warm(manifest, cfg, ws, checkpoint_dir=str(night), plan=plan, resume=True)
     r = out.result
     resolved = resolved_config(cfg, out, manifest,
                                warm_start={"source": ws.source, "detail": ws.detail},
@@ -112,7 +118,11 @@ def train_challenger(manifest: dict, warm: dict, plan, cfg: DLRMRetrainConfig):
         "throughput_samples_per_s": r.samples_per_s, "steps": r.steps, "samples": r.samples,
         "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
         "warm_started": float(ws.state is not None or ws.checkpoint is not None)})}
-    return {"model": out.model, "resolved": resolved, "history": r.history}, metrics
+    from recscale.train.checkpoint import list_checkpoints
+
+    done = list_checkpoints(str(night), all_runs=True)  # this night's newest, resumed or not
+    return {"model": out.model, "resolved": resolved, "history": r.history,
+            "checkpoint": done[0] if done else None}, metrics
 
 
 def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfig,
@@ -142,6 +152,9 @@ def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfi
             "retrain.partitions": ",".join(parts),
             "retrain.warm_start": resolved["warm_start"]["detail"],
             "retrain.promoted": str(promote).lower(), "retrain.reason": reason}
+    if rc.fault_injection == "kill_before_register":  # a drill: the driver dies here
+        log.warning("retrain.fault_injection=kill_before_register: killing this process")
+        os.kill(os.getpid(), signal.SIGKILL)
     version = registry.register(challenger["model"].state_dict(), resolved, rc.registered_model,
                                 tags, manifest.get("vocabulary_path"), to_dict(score.serving))
     if promote:
@@ -164,7 +177,8 @@ def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfi
                "champion_auc": cmp.champion_auc, "promoted": float(promote),
                "model_version": float(version.version), "partitions": len(parts)}
     return {"version": version.version, "promoted": promote, "reason": reason,
-            "run_id": registry.active_run_id()}, as_metrics(metrics)
+            "run_id": registry.active_run_id(), "checkpoint": challenger["checkpoint"]}, \
+        as_metrics(metrics)
 
 
 def record_consumed(batch: dict, outcome: dict, cfg: DLRMRetrainConfig) -> None:
@@ -174,7 +188,8 @@ def record_consumed(batch: dict, outcome: dict, cfg: DLRMRetrainConfig) -> None:
     rc = cfg.retrain
     PartitionLedger(rc.ledger).record([Partition(**p) for p in batch["partitions"]],
                                       model_version=outcome["version"], run_id=outcome["run_id"],
-                                      promoted=outcome["promoted"])
+                                      promoted=outcome["promoted"],
+                                      checkpoint=outcome.get("checkpoint"))
     log.info("ledger %s: %d partition(s) consumed", rc.ledger, len(batch["partitions"]))
 
 
