@@ -95,3 +95,54 @@ def test_a_retrain_with_a_vocabulary_keeps_existing_ids_rows_and_grows_the_model
                                                  f"the warm start from latest has "
                                                  f"{m1['table_sizes'][0] + 1}"):
         prepare_partitions(parts[1:], wrong, cfg)
+
+
+def test_a_schema_of_your_own_retrains_nightly_on_day_directories(tmp_path):
+    """``features`` of your own: each night's partition is a directory of parquet parts
+    (``day=N/``) read through the schema; night 2 grows night 1's vocabulary (its ids keep their
+    rows), warm-starts into the grown tables and trains; every row of the day is accounted for."""
+    import pyarrow.parquet as pq
+
+    from recscale.data.schema import parse_features
+    from recscale.data.synthetic_table import TableSynthConfig, generate_table
+    from recscale.data.vocab import load_vocabulary
+    from recscale.retrain import DLRMRetrainConfig, find_partitions, prepare_partitions, train_warm
+
+    schema = {"label": "click", "dense": [{"name": "price", "transforms": ["log1p", "standardize"]}],
+              "sparse": [{"name": "user", "id_type": "string"},
+                         {"name": "item", "ids": "vocab"},
+                         {"name": "tags", "kind": "multi_hot", "max_len": 4,
+                          "truncate": "keep_first"}],
+              "tables": [{"name": "user", "rows": 64}, {"name": "tags", "rows": 32}]}
+    landing = tmp_path / "daily"
+    for day, cards in ((1, 40), (2, 70)):  # day 2 brings items day 1 never had
+        gen = parse(TableSynthConfig, {"num_rows": 1500, "seed": day, "features": {
+            "item": {"cardinality": cards}, "tags": {"cardinality": 12, "pooling": 2.0}}}, "g")
+        raw = generate_table(parse_features(schema), gen, tmp_path / f"raw{day}.parquet").path
+        t = pq.read_table(raw)
+        (landing / f"day={day}").mkdir(parents=True)
+        pq.write_table(t.slice(0, 900), landing / f"day={day}" / "part-0.parquet")
+        pq.write_table(t.slice(900), landing / f"day={day}" / "part-1.parquet")
+    parts = find_partitions(landing, "day=*")
+    assert [p.name for p in parts] == ["day=1", "day=2"] and parts[0].bytes > 0
+    cfg = parse(DLRMRetrainConfig, {
+        "features": schema, "preprocess": {"row_group_size": 500},
+        "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+        "train": {"batch_size_per_rank": 256, "progress": "off", "seed": 1,
+                  "checkpoint": {"dir": None}},
+        "retrain": {"pattern": "day=*", "work_dir": str(tmp_path / "work"),
+                    "model_dir": str(tmp_path / "models")}}, "")
+    m1 = prepare_partitions(parts[:1], WarmStart("cold"), cfg)
+    assert m1["lines_read"] == 1500 and m1["rows_written"] + m1["rows_rejected"] == 1500
+    first = train_warm(m1, cfg)
+    save_latest(tmp_path / "models", first.model.state_dict(),
+                {"table_sizes": m1["table_sizes"], "schema": m1["schema"]})
+    warm = first_warm_start([("latest", state_dict_file_source(tmp_path / "models"))])
+    m2 = prepare_partitions(parts[1:], warm, cfg)
+    assert m2["splits"]["test"]["rows"] == 150 and m2["newest"] == "day=2"
+    v1 = load_vocabulary(m1["vocabulary_path"], ("item",))
+    v2 = load_vocabulary(m2["vocabulary_path"], ("item",))
+    assert np.array_equal(v2.ids[0][:len(v1.ids[0])], v1.ids[0]) and len(v2.ids[0]) > len(v1.ids[0])
+    second = train_warm(m2, cfg, warm)
+    items = m1["schema"]["tables"][1]["name"]
+    assert items == "item" and second.table_sizes[1] > first.table_sizes[1] and second.result.steps

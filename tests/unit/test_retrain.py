@@ -240,14 +240,21 @@ def test_growing_tables_keeps_old_rows_and_their_optimizer_state_and_inits_new_r
                         bigger, names)
 
 
-def test_the_retrain_refuses_a_schema_of_its_own_naming_the_key():
-    from recscale.config import ConfigError, parse
+def test_the_retrain_takes_a_schema_of_its_own_and_directories_as_partitions(tmp_path):
+    from recscale.config import parse
+    from recscale.retrain import find_partitions
     from recscale.retrain.config import DLRMRetrainConfig
 
-    with pytest.raises(ConfigError, match="features=a schema of your own is not allowed with "
-                       "dlrm_retrain yet"):
-        parse(DLRMRetrainConfig, {"data": {"source": "table", "files": ["x.csv"]},
-                                  "features": {"sparse": [{"name": "item"}]}}, "")
+    cfg = parse(DLRMRetrainConfig, {"features": {"sparse": [{"name": "item"}]},
+                                    "retrain": {"pattern": "day=*"}}, "")
+    assert [f.name for f in cfg.schema.sparse] == ["item"]
+    for day in ("day=2", "day=10", "day=3.tmp"):
+        (tmp_path / day).mkdir()
+        (tmp_path / day / "part-0.parquet").write_bytes(b"x" * 7)
+    (tmp_path / "day=4").mkdir()  # empty: still being written
+    (tmp_path / "day=2" / "_SUCCESS").write_bytes(b"")
+    parts = find_partitions(tmp_path, "day=*")
+    assert [(p.name, p.bytes) for p in parts] == [("day=2", 7), ("day=10", 7)]
 
 
 def test_a_warm_start_of_another_schema_is_refused_naming_the_feature():

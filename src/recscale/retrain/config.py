@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from recscale.config import ConfigError, Validated, check, check_choice
+from recscale.config import Validated, check, check_choice
 from recscale.runconfig import DLRMConfig
 
 WARM_START_SOURCES = ("checkpoint", "latest", "champion")
@@ -59,14 +59,12 @@ class RetrainConfig(Validated):
 
 @dataclass(frozen=True)
 class DLRMRetrainConfig(DLRMConfig):
-    """The root config of ``dlrm_retrain``: every DLRM block plus ``retrain``."""
+    """The root config of ``dlrm_retrain``: every DLRM block plus ``retrain``. With the Criteo
+    preset the partitions are Criteo day files; with a schema of your own (``features``), files
+    or directories of its columns (parquet, or delimited text with a header: ``data.delimiter``),
+    read through it."""
 
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
 
     def validate(self, prefix: str = "") -> None:
         super().validate(prefix)
-        if not isinstance(self.features, str):
-            raise ConfigError(
-                f"{prefix + '.' if prefix else ''}features=a schema of your own is not allowed "
-                "with dlrm_retrain yet: the nightly retrain reads Criteo day files "
-                "(features: criteo); train a schema of your own with the dlrm pipeline")

@@ -20,8 +20,9 @@ import shutil
 from pathlib import Path
 
 from recscale.data.criteo import count_lines
-from recscale.data.preprocess import preprocess_criteo
+from recscale.data.preprocess import preprocess_criteo, preprocess_table
 from recscale.data.schema import criteo_sparse_names
+from recscale.data.table_source import count_rows, source_files
 from recscale.data.vocab import VocabularyMismatch, load_vocabulary
 from recscale.retrain.config import DLRMRetrainConfig
 from recscale.retrain.partitions import Partition
@@ -30,25 +31,41 @@ from recscale.retrain.warm import WarmStart
 
 def prepare_partitions(parts: list[Partition], warm: WarmStart, cfg: DLRMRetrainConfig) -> dict:
     """-> the dataset manifest (parquet splits under ``retrain.work_dir``) plus what the retrain
-    reports: the partitions, the newest one, which rows are evaluated, the oracle files."""
+    reports: the partitions, the newest one, which rows are evaluated, the oracle files.
+
+    Criteo day files (``features: criteo``) go through the Criteo TSV engines; with a schema of
+    your own each partition (a parquet or delimited text file, or a directory of them, e.g.
+    ``day=2026-12-01/``) goes through the table path (``preprocess_table``), on
+    ``preprocess.engine``'s engine either way."""
+    custom = not isinstance(cfg.features, str)
     files = [p.path for p in parts]
-    lines = [count_lines(f) for f in files]
-    held_out = cfg.retrain.eval_fraction * lines[-1] / sum(lines)
+    if custom:
+        counts = [sum(count_rows(f, cfg.data.delimiter) for f in source_files([p]))
+                  for p in files]
+    else:
+        counts = [count_lines(f) for f in files]
+    held_out = cfg.retrain.eval_fraction * counts[-1] / sum(counts)
     pcfg = dataclasses.replace(cfg.preprocess, output_dir=cfg.retrain.work_dir,
                                splits=(1.0 - held_out, 0.0, held_out))
-    if pcfg.ids == "vocab":  # the warm model's vocabulary grows; its tables grow with it
+    vocab = bool(cfg.schema.vocab_tables) if custom else pcfg.ids == "vocab"
+    if vocab:  # the warm model's vocabulary grows; its tables grow with it
         pcfg = dataclasses.replace(pcfg, vocab=dataclasses.replace(
-            pcfg.vocab, path=warm_vocabulary(warm, cfg.retrain.model_dir)))
-    elif warm.table_sizes is not None:  # ids must hash into the rows the warm model learned
+            pcfg.vocab, path=warm_vocabulary(warm, cfg.retrain.model_dir, cfg)))
+    elif warm.table_sizes is not None and not custom:  # ids hash into the warm model's rows
         pcfg = dataclasses.replace(pcfg, table_sizes=tuple(warm.table_sizes))
-    report = preprocess_criteo(files, pcfg.output_dir, pcfg, table_size_hint=_cardinalities(files))
+    if custom:
+        report = preprocess_table(files, pcfg.output_dir, pcfg, cfg.schema, cfg.data.delimiter)
+    else:
+        report = preprocess_criteo(files, pcfg.output_dir, pcfg,
+                                   table_size_hint=_cardinalities(files))
     manifest = json.loads(Path(report.manifest_path).read_text())
-    if pcfg.ids == "vocab":
+    if vocab:
         manifest["vocabulary_path"] = keep_vocabulary(manifest["vocabulary_path"],
                                                       manifest["table_sizes"],
                                                       cfg.retrain.model_dir)
     test_rows = manifest["splits"]["test"]["rows"]
-    oracles = [f + ".oracle.npy" for f in files]
+    oracles = [str(Path(f).with_suffix(".oracle.npy")) if custom else f + ".oracle.npy"
+               for f in files]
     return {**manifest, "partitions": [dataclasses.asdict(p) for p in parts],
             "newest": parts[-1].name, "eval_data": f"last {test_rows} rows of {parts[-1].name}",
             "oracle_paths": oracles if all(Path(o).exists() for o in oracles) else None}
@@ -70,9 +87,11 @@ def keep_vocabulary(path: str, table_sizes, model_dir: str | os.PathLike) -> str
     return str(dst)
 
 
-def warm_vocabulary(warm: WarmStart, model_dir: str | os.PathLike) -> str | None:
+def warm_vocabulary(warm: WarmStart, model_dir: str | os.PathLike,
+                    cfg: DLRMRetrainConfig | None = None) -> str | None:
     """The vocabulary a warm model was trained with (None for a cold start); raises
-    VocabularyMismatch when there is none or its sizes are not the model's tables."""
+    VocabularyMismatch when there is none or its sizes are not the model's tables (of the
+    ``ids: vocab`` tables of ``cfg``'s schema; the Criteo preset's 26 without one)."""
     if warm.table_sizes is None:
         return None
     path = vocabulary_file(model_dir, warm.table_sizes)
@@ -81,8 +100,15 @@ def warm_vocabulary(warm: WarmStart, model_dir: str | os.PathLike) -> str | None
             f"preprocess.ids='vocab': the warm start from {warm.source} ({warm.detail}) has table "
             f"sizes {list(warm.table_sizes)} but {Path(model_dir) / 'vocabularies'} keeps no "
             "vocabulary of those sizes (was it trained with ids: hash, or in another model_dir?)")
-    vocab = load_vocabulary(path, criteo_sparse_names())  # the retrain reads Criteo day files
-    for name, have, want in zip(vocab.features, vocab.table_sizes, warm.table_sizes):
+    if cfg is not None and not isinstance(cfg.features, str):
+        schema = cfg.schema
+        tables = list(dict.fromkeys(f.table_name for f in schema.sparse_inputs))
+        names, sizes = schema.vocab_tables, [warm.table_sizes[tables.index(t)]
+                                             for t in schema.vocab_tables]
+    else:
+        names, sizes = criteo_sparse_names(), warm.table_sizes
+    vocab = load_vocabulary(path, names)
+    for name, have, want in zip(vocab.features, vocab.table_sizes, sizes):
         if int(have) != int(want):
             raise VocabularyMismatch(
                 f"vocabulary {path} sizes table {name} at {have} rows but the warm start from "

@@ -37,17 +37,29 @@ class Partition:
 
 
 def find_partitions(landing_dir: str | os.PathLike, pattern: str) -> list[Partition]:
-    """Files under ``landing_dir`` matching ``pattern``, in natural name order (= time order).
-    Files still being written (``*.tmp``, hidden files) are not partitions."""
+    """Files (or directories of files: a day's parquet parts, ``day=2026-12-01/``) under
+    ``landing_dir`` matching ``pattern``, in natural name order (= time order). What is still
+    being written (``*.tmp``, ``*.partial``, hidden names) is not a partition; a directory's size
+    is its files' total, its time the newest file's."""
     root = Path(landing_dir)
     if not root.is_dir():
         return []
     out = []
     for p in root.glob(pattern):
-        if not p.is_file() or p.name.startswith(".") or p.name.endswith((".tmp", ".partial")):
+        if p.name.startswith(".") or p.name.endswith((".tmp", ".partial")):
             continue
-        st = p.stat()
-        out.append(Partition(p.relative_to(root).as_posix(), str(p), st.st_size, st.st_mtime_ns))
+        if p.is_file():
+            st = p.stat()
+            size, mtime = st.st_size, st.st_mtime_ns
+        elif p.is_dir():
+            files = [f for f in p.rglob("*") if f.is_file() and not f.name.startswith((".", "_"))]
+            if not files:
+                continue
+            size = sum(f.stat().st_size for f in files)
+            mtime = max(f.stat().st_mtime_ns for f in files)
+        else:
+            continue
+        out.append(Partition(p.relative_to(root).as_posix(), str(p), size, mtime))
     return sorted(out, key=lambda q: natural_key(q.name))
 
 

@@ -142,12 +142,16 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
     grow_from = None
     if warm is not None and warm.table_sizes is not None \
             and list(warm.table_sizes) != list(manifest["table_sizes"]):
-        if manifest.get("ids") != "vocab":
+        fitted = FittedSchema.of(manifest)
+        changed = [n for n, a, b in zip(fitted.table_names, warm.table_sizes,
+                                        manifest["table_sizes"]) if int(a) != int(b)]
+        if len(warm.table_sizes) != len(manifest["table_sizes"]) or \
+                any(n not in fitted.schema.vocab_tables for n in changed):
             raise ValueError(f"warm start from {warm.source} has table sizes {warm.table_sizes} "
-                             f"but the data has {manifest['table_sizes']}")
+                             f"but the data has {manifest['table_sizes']} (only tables of "
+                             "ids: vocab grow)")
         # a grown vocabulary: the tables grow, old rows kept, new rows fresh
-        check_table_growth(warm.table_sizes, manifest["table_sizes"],
-                           manifest["sparse_features"])
+        check_table_growth(warm.table_sizes, manifest["table_sizes"], fitted.table_names)
         grow_from = list(warm.table_sizes)
         if init_from is not None and checkpoint_dir is None and not cfg.train.checkpoint.dir:
             # no checkpoints in this run: the checkpoint's tables and their state, through a
