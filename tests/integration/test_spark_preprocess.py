@@ -284,3 +284,36 @@ def test_a_table_of_your_own_preprocesses_the_same_on_spark(spark, tmp_path, see
         assert ma["pooling_factors"] == mb["pooling_factors"]
         assert va.equals(vb)
     assert got["spark"][1]["engine"] == "spark" and ma["engine"] == "pyarrow"
+
+
+def test_the_retrain_prepares_its_night_on_spark_as_on_pyarrow(spark, tmp_path):
+    """``dlrm_retrain`` with ``preprocess.engine: spark``: night 2's partitions, grown onto
+    night 1's vocabulary, give the same splits, tables and vocabulary as with pyarrow."""
+    from recscale.config import parse
+    from recscale.data.synthetic import generate_criteo_tsv
+    from recscale.retrain import DLRMRetrainConfig, WarmStart, find_partitions, prepare_partitions
+    from tests.conftest import small_synthetic_config
+
+    landing = tmp_path / "daily"
+    for day in (0, 1):
+        generate_criteo_tsv(small_synthetic_config(num_rows=1200), landing / f"day_{day:02d}.tsv",
+                            day=day)
+    parts = find_partitions(landing, "day_*.tsv")
+    out = {}
+    for engine in ("pyarrow", "spark"):
+        cfg = parse(DLRMRetrainConfig, {
+            "preprocess": {"ids": "vocab", "engine": engine, "row_group_size": 300},
+            "retrain": {"work_dir": str(tmp_path / engine / "work"),
+                        "model_dir": str(tmp_path / engine / "models")}}, "")
+        night1 = prepare_partitions(parts[:1], WarmStart("cold"), cfg)
+        warm = WarmStart("latest", None, {"table_sizes": night1["table_sizes"]}, "night 1")
+        out[engine] = prepare_partitions(parts[1:], warm, cfg)
+    ref, got = out["pyarrow"], out["spark"]
+    assert got["engine"] == "spark" and got["table_sizes"] == ref["table_sizes"]
+    assert all(b >= a for a, b in zip(night1["table_sizes"], got["table_sizes"]))
+    assert pq.read_table(got["vocabulary_path"]).equals(pq.read_table(ref["vocabulary_path"]))
+    for s in SPLITS:
+        assert got["splits"][s]["rows"] == ref["splits"][s]["rows"]
+        a, b = (pq.read_table(m["splits"][s]["files"]) for m in (ref, got))
+        assert b.select(["row", "label", *SPARSE_NAMES]).equals(
+            a.select(["row", "label", *SPARSE_NAMES])), s

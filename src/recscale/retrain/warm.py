@@ -167,7 +167,7 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
                              init_grow=init_from is not None and grow_from is not None)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint=ck))
     return train_dlrm(manifest, cfg.model, cfg.train, plan=plan or plan_for_run(manifest, cfg),
-                      comms=cfg.comms, init_state=state,
+                      comms=cfg.comms, sharding=cfg.sharding, init_state=state,
                       init_state_table_sizes=grow_from if state is not None else None)
 
 

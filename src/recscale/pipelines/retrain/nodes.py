@@ -117,6 +117,7 @@ def train_challenger(manifest: dict, warm: dict, plan, cfg: DLRMRetrainConfig):
     metrics = {**r.history, **as_metrics({
         "throughput_samples_per_s": r.samples_per_s, "steps": r.steps, "samples": r.samples,
         "wall_seconds": r.wall_seconds, "final_loss": r.final_loss,
+        "world_size": cfg.train.world_size,
         "warm_started": float(ws.state is not None or ws.checkpoint is not None)})}
     from recscale.train.checkpoint import list_checkpoints
 
