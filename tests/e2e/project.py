@@ -8,6 +8,10 @@ from pathlib import Path
 
 from tests.conftest import PROJECT_ROOT
 
+# MLflow's set_tracking_uri / set_registry_uri write these into os.environ (for subprocesses):
+# a test reading one project's store would otherwise send a later kedro run's registrations there
+MLFLOW_URIS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
 
 def make_project_copy(tmp_path: Path, base_sizes_from: str | None = None) -> Path:
     """``base_sizes_from="test"``: conf/test's parameters merged into conf/base of the copy (key
@@ -35,6 +39,8 @@ def make_project_copy(tmp_path: Path, base_sizes_from: str | None = None) -> Pat
 def kedro(proj: Path, *args: str, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true")
     env.pop("KEDRO_LOGGING_CONFIG", None)  # the copy's conf/logging.yml applies, as for a user
+    for k in MLFLOW_URIS:  # mlflow.set_*_uri in this process exports them: the copy's own store
+        env.pop(k, None)
     cmd = [str(Path(sys.executable).parent / "kedro"), *args]
     res = subprocess.run(cmd, cwd=proj, env=env, capture_output=True, text=True, timeout=timeout)
     if check:

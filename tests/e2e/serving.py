@@ -27,8 +27,9 @@ def served(proj: Path, uri: str, log_path: Path, timeout_s: float = 120):
     """-> the base URL of ``uri`` served from ``proj``'s MLflow store."""
     bindir = Path(sys.executable).parent
     port = free_port()
+    store = f"sqlite:///{proj}/mlruns/mlflow.db"
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
-               MLFLOW_TRACKING_URI=f"sqlite:///{proj}/mlruns/mlflow.db", DO_NOT_TRACK="true")
+               MLFLOW_TRACKING_URI=store, MLFLOW_REGISTRY_URI=store, DO_NOT_TRACK="true")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [str(bindir / "mlflow"), "models", "serve", "-m", uri, "--env-manager", "local",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.project import kedro, make_project_copy
+from tests.e2e.project import MLFLOW_URIS, kedro, make_project_copy
 from tests.e2e.test_daily_use import _params, _state, _write_day
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,8 @@ def test_airflow_dags_test_runs_one_nightly_retrain_from_the_generated_dag(tmp_p
                AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
                KEDRO_DISABLE_TELEMETRY="true", MLFLOW_DISABLE_TELEMETRY="true",
                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    env.pop("KEDRO_LOGGING_CONFIG", None)
+    for k in ("KEDRO_LOGGING_CONFIG", *MLFLOW_URIS):
+        env.pop(k, None)
     for cmd, limit in ((["db", "migrate"], 300),
                        (["dags", "test", "recscale_nightly_retrain", "2026-12-04"], 600)):
         res = subprocess.run([str(BIN / "airflow"), *cmd], cwd=tmp_path, env=env,

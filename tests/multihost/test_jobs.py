@@ -38,7 +38,9 @@ def _env(**extra):
                                                        str(PROJECT_ROOT)]),
                DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true",
                MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1",
-               RECSCALE_JOB_SECRET=SECRET)
+               RECSCALE_JOB_SECRET=SECRET,
+               # another test's MLflow store, exported by mlflow.set_*_uri: the project's own
+               MLFLOW_TRACKING_URI=None, MLFLOW_REGISTRY_URI=None)
     env.update(extra)
     return {k: v for k, v in env.items() if v is not None}
 

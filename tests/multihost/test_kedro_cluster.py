@@ -111,6 +111,7 @@ def test_the_nightly_retrain_runs_one_night_on_two_hosts(netns_hosts, tmp_path):
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{proj}/mlruns/mlflow.db")
+    mlflow.set_registry_uri(f"sqlite:///{proj}/mlruns/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["recscale"])
     assert len(runs) == 1
     run = runs.iloc[0]
