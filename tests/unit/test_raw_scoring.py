@@ -194,6 +194,10 @@ def test_the_score_block_names_a_bad_key_and_a_pattern_matching_nothing(tmp_path
         parse(ScoreConfig, {"model": "champion"}, "score")
     with pytest.raises(ConfigError, match=r"score.data.files\[1\]=.*matches no file"):
         ScoreData(files=(str(tmp_path), str(tmp_path / "day_*.tsv"))).expand()
+    from recscale.data.source import DataConfig, prepare_raw  # the data block, the same way
+
+    with pytest.raises(ConfigError, match=r"data.files\[0\]=.*day_\*.tsv' matches no file"):
+        prepare_raw(DataConfig(source="criteo_tsv", files=(str(tmp_path / "day_*.tsv"),)))
 
 
 def test_criteo_tsv_input_for_a_model_of_another_schema_is_refused(dataset, seed, tmp_path):

@@ -49,6 +49,18 @@ class DataConfig(Validated):
                               "multi-hot parquet path or glob (e.g. data/01_raw/mine/day_*.parquet)")
 
 
+def expand_files(patterns, key: str) -> list[str]:
+    """Paths, globs (expanded in sorted order) and directories, in order; a pattern that matches
+    nothing fails naming it (``key[i]``)."""
+    files: list[str] = []
+    for i, pattern in enumerate(patterns):
+        hits = sorted(glob.glob(pattern)) or ([pattern] if Path(pattern).is_dir() else [])
+        if not hits:
+            raise ConfigError(f"{key}[{i}]={pattern!r} matches no file")
+        files += hits
+    return files
+
+
 def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None,
                 schema: FeatureSchema | None = None) -> dict:
     """The raw files of a run -> its raw manifest: generated synthetic data (a Criteo TSV, or with
@@ -75,12 +87,7 @@ def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None,
             "oracle_path": rep.oracle_path, "oracle_auc": rep.oracle_auc, "ctr": rep.ctr,
             "cardinalities": list(rep.cardinalities), "fingerprint": rep.fingerprint,
         }
-    files: list[str] = []
-    for i, pattern in enumerate(cfg.files):
-        hits = sorted(glob.glob(pattern)) or ([pattern] if Path(pattern).is_dir() else [])
-        if not hits:
-            raise ConfigError(f"data.files[{i}]={pattern!r} matches no file")
-        files += hits
+    files = expand_files(cfg.files, "data.files")
     if cfg.source == "parquet":
         return {"source": "parquet", "files": files, "multi_hot": True}
     if cfg.source == "table":

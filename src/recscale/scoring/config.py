@@ -3,12 +3,11 @@ go, and the serving limits every logged model carries."""
 
 from __future__ import annotations
 
-import glob
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
-from recscale.config import ConfigError, Validated, check, check_choice
+from recscale.config import Validated, check, check_choice
+from recscale.data.source import expand_files
 
 SOURCES = ("criteo_tsv", "table", "parquet")
 
@@ -31,13 +30,7 @@ class ScoreData(Validated):
     def expand(self, prefix: str = "score.data") -> list[str]:
         """The files, globs expanded in sorted order; a pattern matching nothing fails naming
         it."""
-        out: list[str] = []
-        for i, pattern in enumerate(self.files):
-            hits = sorted(glob.glob(pattern)) or ([pattern] if Path(pattern).is_dir() else [])
-            if not hits:
-                raise ConfigError(f"{prefix}.files[{i}]={pattern!r} matches no file")
-            out += hits
-        return out
+        return expand_files(self.files, f"{prefix}.files")
 
 
 @dataclass(frozen=True)
