@@ -15,6 +15,7 @@ scores, whatever the input's size; the metrics, when there are labels, read back
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -34,11 +35,10 @@ from recscale.data.schema import criteo_schema
 from recscale.data.table_preprocess import Unit, plan_units, unit_blocks
 from recscale.data.table_source import file_columns, source_files
 from recscale.evaluate.metrics import metrics_with_oracle
+from recscale.scoring.config import SOURCES
 from recscale.scoring.raw import RawScorer
 
 log = logging.getLogger(__name__)
-
-FORMATS = ("criteo_tsv", "table", "parquet")
 
 
 @dataclass
@@ -55,18 +55,6 @@ class ScoreReport:
     @property
     def rows_per_s(self) -> float:
         return self.rows_read / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class ScoreUnit:
-    """A piece of the input one task scores: a Criteo TSV file, a parquet row group or a text
-    file, with the global number of its first row."""
-
-    index: int
-    path: str
-    row_group: int | None
-    rows: int
-    row_base: int
 
 
 @dataclass
@@ -109,9 +97,9 @@ def _taken(rejects: _Rejects, upto: int | None, offset: int) -> tuple[np.ndarray
 
 def check_source(scorer: RawScorer, source: str, files: Sequence[str], delimiter: str) -> bool:
     """The files can be scored by this model; -> whether they carry labels."""
-    if source not in FORMATS:
+    if source not in SOURCES:
         raise ConfigError(f"score.data.source={source!r} is not allowed: expected one of "
-                          f"{', '.join(FORMATS)}")
+                          f"{', '.join(SOURCES)}")
     if source == "criteo_tsv":
         schema = scorer.fitted.schema
         if schema != criteo_schema(ids=schema.sparse[0].ids if schema.sparse else "hash"):
@@ -134,19 +122,21 @@ def check_source(scorer: RawScorer, source: str, files: Sequence[str], delimiter
     return all(scorer.label in file_columns(f, delimiter) for f in files)
 
 
-def plan_score_units(source: str, files: Sequence[str], delimiter: str) -> list[ScoreUnit]:
-    if source == "criteo_tsv":
-        units, base = [], 0
-        for i, f in enumerate(files):
-            n = count_lines(f)
-            units.append(ScoreUnit(i, os.path.abspath(f), None, n, base))
-            base += n
-        return units
-    return [ScoreUnit(u.index, os.path.abspath(u.path), u.row_group, u.rows, u.row_base)
-            for u in plan_units(list(files), delimiter)]
+def plan_score_units(source: str, files: Sequence[str], delimiter: str) -> list[Unit]:
+    """The input's units in row order, as preprocessing cuts it (a Criteo TSV file is one),
+    their paths absolute (a Spark task opens them by path)."""
+    if source != "criteo_tsv":
+        return [dataclasses.replace(u, path=os.path.abspath(u.path))
+                for u in plan_units(list(files), delimiter)]
+    units, base = [], 0
+    for i, f in enumerate(files):
+        n = count_lines(f)
+        units.append(Unit(i, os.path.abspath(f), None, n, base, 0))
+        base += n
+    return units
 
 
-def _blocks(scorer: RawScorer, u: ScoreUnit, source: str, delimiter: str, chunk_bytes: int,
+def _blocks(scorer: RawScorer, u: Unit, source: str, delimiter: str, chunk_bytes: int,
             labels: bool) -> Iterator[tuple]:
     """-> per block (rows scored, labels, probabilities, rows rejected, reasons by row)."""
     if source == "criteo_tsv":
@@ -160,9 +150,8 @@ def _blocks(scorer: RawScorer, u: ScoreUnit, source: str, delimiter: str, chunk_
             *_taken(rejects, None, u.row_base)
         return
     columns = scorer.input_columns() + ([scorer.label] if labels else [])
-    table_unit = Unit(u.index, u.path, u.row_group, u.rows, u.row_base, 0)
     pos = 0
-    for block in unit_blocks(table_unit, columns, delimiter, chunk_bytes):
+    for block in unit_blocks(u, columns, delimiter, chunk_bytes):
         p = scorer.parse(block)
         rows = u.row_base + pos + np.arange(block.num_rows, dtype=np.int64)
         scored, lab, probs = scorer.score_parsed(p, rows)
@@ -171,26 +160,31 @@ def _blocks(scorer: RawScorer, u: ScoreUnit, source: str, delimiter: str, chunk_
         pos += block.num_rows
 
 
-def score_unit(scorer: RawScorer, u: ScoreUnit, source: str, delimiter: str, chunk_bytes: int,
+def score_unit(scorer: RawScorer, u: Unit, source: str, delimiter: str, chunk_bytes: int,
                labels: bool, writer: pq.ParquetWriter,
                progress: Callable[[int], None] | None = None) -> UnitResult:
     """One unit's rows, scored, appended to ``writer`` in row order."""
     schema, res = output_schema(labels), UnitResult()
     for rows, lab, probs, bad_rows, bad in _blocks(scorer, u, source, delimiter, chunk_bytes,
                                                    labels):
-        row = np.concatenate([rows, bad_rows])
+        n_bad = len(bad_rows)
+        row = np.concatenate([rows, bad_rows]) if n_bad else rows
         if not len(row):
             continue
-        order = np.argsort(row, kind="stable")
-        rejected = np.concatenate([np.zeros(len(rows), bool), np.ones(len(bad_rows), bool)])
-        cols = [pa.array(row[order]),
-                pa.array(np.concatenate([probs, np.zeros(len(bad_rows))])[order],
-                         mask=rejected[order])]
+        if n_bad:  # the rejected rows go in their places, with null scores and their reason
+            order = np.argsort(row, kind="stable")
+            rejected = np.concatenate([np.zeros(len(rows), bool), np.ones(n_bad, bool)])[order]
+            errors = np.empty(len(row), object)
+            errors[len(rows):] = [bad[int(r)] for r in bad_rows]
+            row, probs, lab = row[order], np.concatenate([probs, np.zeros(n_bad)])[order], \
+                np.concatenate([lab, np.zeros(n_bad, np.int8)])[order]
+            errors = pa.array(errors[order], pa.string())
+        else:  # scored rows come in order: nothing to sort or to say
+            rejected, errors = None, pa.nulls(len(row), pa.string())
+        cols = [pa.array(row), pa.array(probs, mask=rejected)]
         if labels:
-            cols.append(pa.array(np.concatenate([lab, np.zeros(len(bad_rows), np.int8)])[order],
-                                 mask=rejected[order]))
-        errors = [None] * len(rows) + [bad[int(r)] for r in bad_rows]
-        cols.append(pa.array([errors[i] for i in order], pa.string()))
+            cols.append(pa.array(lab, mask=rejected))
+        cols.append(errors)
         writer.write_table(pa.Table.from_arrays(cols, schema=schema))
         for why in bad.values():
             kind = why.split(":")[0]
@@ -202,7 +196,7 @@ def score_unit(scorer: RawScorer, u: ScoreUnit, source: str, delimiter: str, chu
     return res
 
 
-def score_unit_part(make_scorer: Callable[[], RawScorer], u: ScoreUnit, source: str,
+def score_unit_part(make_scorer: Callable[[], RawScorer], u: Unit, source: str,
                     delimiter: str, chunk_bytes: int, labels: bool, parts: str) -> UnitResult:
     """One unit into ``<parts>/part-<unit>.parquet``: what a Spark task runs."""
     path = Path(parts) / f"part-{u.index:05d}.parquet"
@@ -269,7 +263,7 @@ def score_files(make_scorer: Callable[[], RawScorer] | RawScorer, files: Sequenc
                        metrics)
 
 
-def _on_spark(spark, make_scorer, units: list[ScoreUnit], source: str, delimiter: str,
+def _on_spark(spark, make_scorer, units: list[Unit], source: str, delimiter: str,
               chunk_bytes: int, labels: bool, out: Path, writer: pq.ParquetWriter,
               step: Callable[[int], None]) -> list[UnitResult]:
     """One Spark task per unit writes its part; the parts appended to ``writer`` in order."""

@@ -21,6 +21,7 @@ import torch
 from recscale.config import ConfigError
 from recscale.data.encode import Parsed, encode
 from recscale.data.loader import columns_of, to_batch
+from recscale.data.processed import PreprocessConfig
 from recscale.data.schema import FittedSchema
 from recscale.data.table_parse import parse_block
 from recscale.data.table_source import needed_columns
@@ -88,7 +89,7 @@ class RawScorer:
         vocab = load_vocabulary(vocabulary, fitted.schema.vocab_tables) if vocabulary else None
         pre = resolved_config.get("preprocess", {})
         return cls(model_from_resolved(dict(resolved_config), dict(state)), fitted, vocab,
-                   pre.get("max_bag_size", 64),
+                   pre.get("max_bag_size", PreprocessConfig.max_bag_size),
                    batch_size or resolved_config.get("evaluate", {}).get("batch_size", 4096))
 
     @property

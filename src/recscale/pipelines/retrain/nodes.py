@@ -18,6 +18,7 @@ from pathlib import Path
 from recscale.config import parse, to_dict
 from recscale.data.synthetic import generate_criteo_tsv
 from recscale.pipelines.common import DLRM_BLOCKS, as_metrics
+from recscale.pipelines.sharding.nodes import plan_metrics
 from recscale.retrain import (
     DLRMRetrainConfig,
     Partition,
@@ -95,11 +96,7 @@ def plan_retrain(manifest: dict, cfg: DLRMRetrainConfig):
     plan = plan_for_run(manifest, cfg)
     log.info("sharding plan\n%s", plan.report())
     registry.log_plan(plan)
-    return plan, as_metrics({"max_cost_ms": plan.max_cost * 1e3,
-                             "mean_cost_ms": plan.mean_cost * 1e3,
-                             "max_over_mean": plan.max_over_mean,
-                             "planning_seconds": plan.planning_seconds,
-                             "world_size": plan.world_size})
+    return plan, plan_metrics(plan)
 
 
 def train_challenger(manifest: dict, warm: dict, plan, cfg: DLRMRetrainConfig):

@@ -40,7 +40,11 @@ def plan_tables(dataset_manifest: dict, cfg: DLRMConfig, calibrated_topology: di
 
         image = Image.open(chart)
         image.load()
-    metrics = {"max_cost_ms": plan.max_cost * 1e3, "mean_cost_ms": plan.mean_cost * 1e3,
-               "max_over_mean": plan.max_over_mean, "planning_seconds": plan.planning_seconds,
-               "world_size": plan.world_size}
-    return plan.to_dict(), plan.report(), image, as_metrics(metrics)
+    return plan.to_dict(), plan.report(), image, plan_metrics(plan)
+
+
+def plan_metrics(plan) -> dict:
+    """A plan's ``sharding.*`` metrics (both pipelines that plan log them)."""
+    return as_metrics({"max_cost_ms": plan.max_cost * 1e3, "mean_cost_ms": plan.mean_cost * 1e3,
+                       "max_over_mean": plan.max_over_mean,
+                       "planning_seconds": plan.planning_seconds, "world_size": plan.world_size})
