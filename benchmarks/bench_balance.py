@@ -2,6 +2,10 @@
 each planned, its slowest rank against the mean and against the lower bound.
 
     .venv/bin/python benchmarks/bench_balance.py [--mixes 300] [--seed 0] [--replay SEED]
+        [--jobs N] [--json PATH] [--large K]
+
+``--jobs 2`` plans two mixes at a time (for the balance figures; quote planning seconds from
+``--jobs 1``, the default, as they share the cores otherwise); ``--json`` writes every mix's row.
 
 A mix is drawn from its seed alone (``draw_mix``), so a printed seed replays it (``--replay``).
 Families (cycled over the seeds):
@@ -26,9 +30,12 @@ max <= 1.10 x max(mean, largest piece) everywhere), and the worst mixes' seeds.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -40,16 +47,19 @@ FAMILIES = ("power-law", "log-uniform", "dominant", "pressure")
 BATCH = 512  # per rank
 
 
-def draw_mix(seed: int) -> dict:
-    """The mix of ``seed``: its family, tables, topology and planner options."""
+def draw_mix(seed: int, large: bool = False) -> dict:
+    """The mix of ``seed``: its family, tables, topology and planner options. ``large``: the
+    same draw with 1,000 tables on 16 zionex hosts x 8 ranks in fp16 (the planning-time case)."""
     rng = np.random.default_rng([seed, 42])
     family = FAMILIES[seed % len(FAMILIES)]
     n = int(round(math.exp(rng.uniform(math.log(10), math.log(2000)))))
     preset = str(rng.choice(sorted(PRESETS)))
     lws = int(rng.integers(1, 9)) if preset == "cpu-local" else PRESETS[preset]["local_world_size"]
     hosts = int(rng.integers(1, 17))
-    topo = Topology.preset(preset, world_size=hosts * lws, local_world_size=lws)
     precision = str(rng.choice(["fp32", "fp16"]))
+    if large:
+        n, preset, lws, hosts, precision = 1000, "zionex", 8, 16, "fp16"
+    topo = Topology.preset(preset, world_size=hosts * lws, local_world_size=lws)
     span = rng.uniform(3, 7)  # orders of magnitude of the row counts
     if family == "power-law":
         alpha = rng.uniform(0.8, 2.0)
@@ -76,8 +86,8 @@ def draw_mix(seed: int) -> dict:
             "options": {"weight_precision": precision}, "fill": fill}
 
 
-def run_mix(seed: int) -> dict:
-    mix = draw_mix(seed)
+def run_mix(seed: int, large: bool = False) -> dict:
+    mix = draw_mix(seed, large)
     topo = mix["topology"]
     out = {"seed": seed, "family": mix["family"], "tables": len(mix["tables"]),
            "ranks": topo.world_size, "hosts": topo.num_hosts, "preset": topo.name,
@@ -92,12 +102,35 @@ def run_mix(seed: int) -> dict:
     out["seconds"] = time.perf_counter() - t0
     lb = plan_lower_bound(plan)
     mean, mx = plan.mean_cost, plan.max_cost
-    out.update(max_over_mean=mx / mean, max_over_bound=mx / lb.value,
+    out.update(max_s=mx, mean_s=mean, bound_s=lb.value, piece_s=lb.largest_piece,
+               max_over_mean=mx / mean, max_over_bound=mx / lb.value,
                balance_possible=lb.largest_piece <= mean,
                max_over_rule=mx / max(mean, lb.largest_piece))
     out["meets"] = (out["max_over_rule"] <= 1.10
                     and (not out["balance_possible"] or out["max_over_mean"] <= 1.05))
     return out
+
+
+def _large(first: int, k: int) -> int:
+    print("| seed | family | fill | planning s (median of 3) | runs | max/mean | max/bound | "
+          "meets the rule |")
+    print("|---|---|---|---|---|---|---|---|")
+    medians = []
+    for seed in range(first, first + k):
+        runs = [run_mix(seed, large=True) for _ in range(3)]
+        r = runs[0]
+        secs = sorted(x["seconds"] for x in runs)
+        medians.append(secs[1])
+        if "error" in r:
+            print(f"| {seed} | {r['family']} | {r['fill']:.2f} | {secs[1]:.2f} | "
+                  f"{', '.join(f'{x:.2f}' for x in secs)} | did not fit: {r['error'][:80]} |||")
+            continue
+        print(f"| {seed} | {r['family']} | {r['fill']:.2f} | {secs[1]:.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in secs)} | {r['max_over_mean']:.3f} | "
+              f"{r['max_over_bound']:.3f} | {'yes' if r['meets'] else 'no'} |")
+    print(f"\nplanning seconds, median of 3 per mix: worst {max(medians):.2f}, "
+          f"median {float(np.median(medians)):.2f} over {k} mixes")
+    return 0
 
 
 def _q(values, q):
@@ -110,18 +143,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the first mix's seed")
     ap.add_argument("--replay", type=int, default=None, help="plan one mix, print it in full")
     ap.add_argument("--worst", type=int, default=10, help="worst mixes to list")
+    ap.add_argument("--jobs", type=int, default=1, help="mixes planned at a time")
+    ap.add_argument("--json", default=None, help="write every mix's results to this file")
+    ap.add_argument("--large", type=int, default=0, metavar="K",
+                    help="instead: K mixes (from --seed) drawn at 1,000 tables x 128 zionex "
+                         "ranks, fp16, each planned 3 times: median planning seconds")
     args = ap.parse_args(argv)
+    if args.large:
+        return _large(args.seed, args.large)
     if args.replay is not None:
         r = run_mix(args.replay)
         print(r)
         return 0
     results = []
     t0 = time.perf_counter()
-    for i in range(args.mixes):
-        results.append(run_mix(args.seed + i))
-        if (i + 1) % 25 == 0:
-            print(f"{i + 1}/{args.mixes} mixes, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
-                  flush=True)
+    seeds = range(args.seed, args.seed + args.mixes)
+    with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else nullcontext() as pool:
+        rows = pool.map(run_mix, seeds) if pool is not None else map(run_mix, seeds)
+        for i, r in enumerate(rows):
+            results.append(r)
+            if (i + 1) % 25 == 0:
+                print(f"{i + 1}/{args.mixes} mixes, {time.perf_counter() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     ok = [r for r in results if "max_over_mean" in r]
     print(f"{len(results)} mixes (seeds {args.seed}..{args.seed + args.mixes - 1}), local batch "
           f"{BATCH}; {len(results) - len(ok)} did not fit\n")

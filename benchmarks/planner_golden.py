@@ -9,7 +9,11 @@ every case's output (``plan.to_dict()`` without ``planning_seconds``, the text r
 traffic estimate; or, for a failing input, the exception's type, message and attributes) is
 serialised to canonical JSON and hashed; ``benchmarks/planner_golden.sha256.json`` holds the
 hashes of the last recorded run and the script exits 1 naming every case that differs. To see
-what differs, write the full outputs of the old and new code with ``--out`` and diff them.
+what differs, write the full outputs of the old and new code with ``--out`` and diff them, or
+compare the plans' slowest ranks with ``--compare OLD`` (outputs the old code wrote with
+``--out``): every case whose plan changed, with the old and new max and their ratio, and a
+verdict on the one-host plans (exit 1 if any of their maxima rose). A case whose plan is
+the same and only its report differs (say, a tighter bound) is counted apart.
 
 The cases: the inputs of tests/unit/test_sharding.py and test_sharding_node.py, the mixes of
 benchmarks/bench_planner.py (and benchmarks/criteo_kaggle_tables.yaml) under all three strategies,
@@ -368,12 +372,59 @@ def canonical(x) -> str:
     return json.dumps(x, sort_keys=False, allow_nan=True, separators=(",", ":"))
 
 
+def _read(path: Path) -> dict:
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)
+
+
+def compare(old: dict, new: dict) -> int:
+    """Print every case whose plan changed (old max, new max, ratio); exit 1 if the maximum of
+    a one-host plan rose or a case's error or value changed."""
+    same = report_only = 0
+    rows = []
+    for name, out in new.items():
+        was = old.get(name)
+        if was is None:
+            print(f"not in the old outputs: {name}")
+            continue
+        if canonical(was) == canonical(out):
+            same += 1
+            continue
+        if "plan" not in out or "plan" not in was:
+            print(f"CHANGED (error or value): {name}")
+            rows.append((name, None, None, None))
+            continue
+        if canonical(was["plan"]) == canonical(out["plan"]):
+            report_only += 1
+            continue
+        topo = out["plan"]["topology"]
+        hosts = topo["world_size"] // topo["local_world_size"]
+        a, b = was["plan"]["summary"]["max_cost"], out["plan"]["summary"]["max_cost"]
+        rows.append((name, hosts, a, b))
+    print(f"{same} cases identical, {report_only} with the same plan and another report, "
+          f"{len(rows)} plans changed:")
+    risen = []
+    for name, hosts, a, b in sorted(rows, key=lambda r: (r[3] / r[2]) if r[2] else 9.0):
+        if a is None:
+            continue
+        print(f"  {name}: {hosts} host(s), max {a * 1e3:.4f} -> {b * 1e3:.4f} ms "
+              f"({b / a:.3f}x)")
+        if hosts == 1 and b > a * (1 + 1e-9):
+            risen.append(name)
+    one = [r for r in rows if r[1] == 1]
+    print(f"one-host plans changed: {len(one)}, of them with a higher max: {len(risen)}"
+          + ("".join(f"\n  ROSE: {n}" for n in risen)))
+    return 1 if risen or any(r[2] is None for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help=f"record the hashes in {HASHES.name}")
     ap.add_argument("--out", default=None, help="also write all outputs here (.json or .json.gz)")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--list", action="store_true", help="list the case names and exit")
+    ap.add_argument("--compare", default=None,
+                    help="outputs of the old code (--out): compare the plans' maxima")
     args = ap.parse_args(argv)
     cases = all_cases()
     if args.only:
@@ -388,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         out = run_case(fn)
         text = canonical(out)
         hashes[name] = hashlib.sha256(text.encode()).hexdigest()
-        if args.out:
+        if args.out or args.compare:
             outputs[name] = out
         n_err += "error" in out
     secs = time.perf_counter() - t0
@@ -398,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         data = (json.dumps(outputs, indent=1, allow_nan=True) + "\n").encode()
         path.write_bytes(gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
         print(f"outputs written to {path}")
+    if args.compare:
+        return compare(_read(Path(args.compare)), outputs)
     if args.write:
         if args.only:
             old = json.loads(HASHES.read_text()) if HASHES.exists() else {}
