@@ -1,7 +1,8 @@
 """Seeded random small mixes, every one planned and checked for validity: the shards of each
 table tile it exactly (``check_geometry``; data-parallel: every rank whole), host-bound types
 stay in one host, every rank is in range, no tier of any rank holds more than its usable bytes,
-and the ranks' memory and cost are the sums of their shards'. (How evenly they balance:
+and the ranks' memory and cost are the sums of their shards'; no strategy's slowest rank is below
+the lower bound (``bounds.lower_bound``, so the bound is one). (How evenly they balance:
 benchmarks/bench_balance.py.)"""
 
 import math
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from recscale.sharding import PlannerError, TableSpec, Topology, plan_sharding
+from recscale.sharding.bounds import plan_lower_bound
 from recscale.sharding.topology import PRESETS
 from tests.unit.test_sharding import check_geometry
 
@@ -55,3 +57,15 @@ def test_a_random_mix_plans_to_valid_shards_within_every_tier(seed):
         assert ct == pytest.approx(r.memory(topo.compute_tier))
         # the rank's cost, what balance is judged on, is its shards' (replicated ones included)
         assert r.cost == pytest.approx(sum(s.cost for _, s in plan.shards_for_rank(r.rank)))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_no_strategys_slowest_rank_is_below_the_lower_bound(seed):
+    tables, topo, opts = small_mix(seed)
+    for strategy in ("balanced", "greedy", "round_robin"):
+        try:
+            plan = plan_sharding(tables, topo, 256, {**opts, "strategy": strategy})
+        except PlannerError:
+            continue
+        lb = plan_lower_bound(plan)
+        assert lb.value <= plan.max_cost * (1 + 1e-9), (strategy, lb)

@@ -4,13 +4,15 @@ how far a plan is from the best possible.
 No plan's slowest rank costs less than
 
 - the cheapest total over all ranks divided by the ranks: each table's cheapest sharding option
-  per tier, and the tables spread over the tiers as a linear programme would (any fraction of a
-  table in any tier, at most ``memory_fraction`` of every tier's capacity over all ranks filled
-  with weights and optimizer state, a slow tier's shards with a cache of ``cache_fraction`` of
-  their bytes in the compute tier), nor
-- the largest piece that cannot be split further: for each table, the costliest shard of its
-  most finely split option (row-wise over every rank, columns at the minimum width, ...), the
-  cheapest such over the options its constraints allow; the largest over tables.
+  per tier among those whose widest shard one rank's tier can hold, and the tables spread over
+  the tiers as a linear programme would (any fraction of a table in any tier, at most
+  ``memory_fraction`` of every tier's capacity over all ranks filled with weights and optimizer
+  state, a slow tier's shards with a cache of ``cache_fraction`` of their bytes in the compute
+  tier), nor
+- the largest piece (``piece_bound``): the costliest of the tables' smallest pieces (each
+  table's most finely split option: row-wise over every rank, columns at the minimum width,
+  ...), or, larger where tables split over every rank put a floor under every rank, a piece plus
+  the floor of the tables that cannot be cut that small.
 
 The piece assumes the compute tier (slower tiers only cost more). Both use the cost model's terms,
 so they bound the planner's own estimate, not measured time; I/O buffers are left out of memory
@@ -24,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import DP, CostModel
-from .option_grid import TableArrays, enumerate_options
+from .cost import CW, DP, RW, TWCW, TWRW, CostModel
+from .option_grid import OptionGrid, TableArrays, enumerate_options
 from .topology import Topology
 from .types import TIERS, PlannerOptions, TableSpec
 
@@ -33,12 +35,14 @@ from .types import TIERS, PlannerOptions, TableSpec
 @dataclass(frozen=True)
 class LowerBound:
     """Seconds: ``value`` = max(``total_over_ranks``, ``largest_piece``); ``piece_table``: the
-    table whose smallest possible piece is the largest."""
+    table whose piece sets ``largest_piece``; ``spread_floor``: the part of ``largest_piece``
+    that tables split over every rank put on each rank beside that piece."""
 
     value: float
     total_over_ranks: float
     largest_piece: float
     piece_table: str
+    spread_floor: float = 0.0
 
 
 def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
@@ -52,27 +56,90 @@ def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
     W = topo.world_size
     N, L, F, U = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None], arrays.U[:, None]
     total = {t: np.full((n, m), np.inf) for t in tiers}
-    piece = np.full((n, m), np.inf)
+    usable = {t: topo.capacity(TIERS[t]) * options.memory_fraction for t in tiers}
     for j in range(m):
         kind, k = int(grid.kind[j]), int(grid.k[j])
         ok = grid.valid[:, j]
         shards = W if kind == DP else grid.n_shards[:, j]
+        wide = cm.storage_bytes(grid.wide_rows[:, j], grid.wide_cols[:, j])
         for t in tiers:
             if kind == DP and t != ct:
                 continue  # replicas live in the compute tier
             c = 0.0 if t == ct else cache_fraction
             mean = cm.shards(kind, N, L, F, grid.mean_rows[:, j:j + 1],
                              grid.mean_cols[:, j:j + 1], k, t, c, U).total[:, 0]
-            total[t][:, j] = np.where(ok, mean * shards, np.inf)
-        wide = cm.shards(kind, N, L, F, grid.wide_rows[:, j:j + 1], grid.wide_cols[:, j:j + 1],
-                         k, ct, 0.0, U).total[:, 0]
-        piece[:, j] = np.where(ok, wide, np.inf)
+            # an option whose widest shard no rank's tier can hold is no plan's
+            total[t][:, j] = np.where(ok & (wide <= usable[t]), mean * shards, np.inf)
     cost = np.stack([np.min(total[t], axis=1) for t in tiers], axis=1)  # (n, tiers)
     tot = _spread(cost, cm.storage_bytes(arrays.N, arrays.D), topo, tiers, ct,
                   options.memory_fraction, cache_fraction) / W
-    per_table = np.min(piece, axis=1)
-    i = int(np.argmax(per_table))
-    return LowerBound(max(tot, float(per_table[i])), tot, float(per_table[i]), tables[i].name)
+    piece, i, floor = piece_bound(arrays, grid, cm, W, ct, usable, cache_fraction,
+                                  options.column_granularity)
+    return LowerBound(max(tot, piece), tot, piece, tables[i].name, floor)
+
+
+def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct: int,
+                usable: dict[int, float], cache_fraction: float,
+                granularity: int) -> tuple[float, int, float]:
+    """(seconds, table, floor): no plan's slowest rank costs less than the larger of
+
+    - the costliest table's smallest piece (each table's most finely split option), and
+    - a piece P plus what every table that cannot be cut into pieces of at most P puts on every
+      rank: such a table takes an option split over every rank (row-wise, column-wise into as
+      many pieces as ranks, replicated), one shard on each, so the rank holding P holds its
+      smallest shard too. The least such sum over P.
+
+    A shard costs what it costs in the fastest tier (``usable``: bytes per rank and tier index)
+    whose rank can hold the option's widest shard, with a cache of ``cache_fraction`` below the
+    compute tier; options no tier can hold are left out. ``table``:
+    the table whose piece sets the bound; ``floor``: the spread load beside it (0 when the first
+    term is the larger)."""
+    n, m = grid.valid.shape
+    N, L, F, U = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None], arrays.U[:, None]
+    piece = np.full((n, m), np.inf)  # widest shard
+    least = np.full((n, m), np.inf)  # narrowest shard, options spanning every rank only
+    for j in range(m):
+        kind, k = int(grid.kind[j]), int(grid.k[j])
+        wide = cm.storage_bytes(grid.wide_rows[:, j], grid.wide_cols[:, j])
+        # the fastest tier that can hold the widest shard (replicas: the compute tier only)
+        tier = np.full(n, -1)
+        for t in sorted(usable, reverse=True):
+            if kind != DP or t == ct:
+                tier = np.where(wide <= usable[t], t, tier)
+        ok = grid.valid[:, j] & (tier >= 0)
+        tier = np.where(ok, tier, ct)[:, None]
+        c = np.where(tier == ct, 0.0, cache_fraction)
+        piece[:, j] = np.where(ok, cm.shards(kind, N, L, F, grid.wide_rows[:, j:j + 1],
+                                             grid.wide_cols[:, j:j + 1], k, tier, c,
+                                             U).total[:, 0], np.inf)
+        spans = ok & ((grid.n_shards[:, j] >= W) if kind != DP else True)
+        if not spans.any():
+            continue
+        rows, cols = arrays.N.copy(), arrays.D.copy()
+        if kind in (RW, TWRW):
+            rows = arrays.N - (grid.n_shards[:, j] - 1) * grid.wide_rows[:, j]
+        elif kind in (CW, TWCW) and k > 1:
+            cols = (arrays.D // granularity // k) * granularity
+        least[:, j] = np.where(spans, cm.shards(kind, N, L, F, rows[:, None], cols[:, None], k,
+                                                tier, c, U).total[:, 0], np.inf)
+    if n == 0:
+        return 0.0, 0, 0.0
+    smallest = np.min(piece, axis=1)
+    first = int(np.argmax(smallest))
+    best = (float(smallest[first]), first, 0.0)
+    spanning = np.isfinite(least)
+    p = np.min(np.where(spanning, np.inf, piece), axis=1)  # least piece of an unspread option
+    s = np.min(least, axis=1)  # least shard of a spread option
+    coupled = np.inf, first, 0.0
+    for P in np.unique(np.concatenate([[0.0], p[np.isfinite(p)]])):
+        need = p > P
+        if not np.isfinite(s[need]).all():
+            continue
+        floor = float(s[need].sum())
+        if P + floor < coupled[0]:
+            at = int(np.flatnonzero(p == P)[0]) if P > 0 else first
+            coupled = (float(P + floor), at, floor)
+    return coupled if coupled[0] > best[0] else best
 
 
 def _spread(cost: np.ndarray, nbytes: np.ndarray, topo: Topology, tiers: list[int], ct: int,

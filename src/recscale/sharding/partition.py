@@ -27,7 +27,13 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    the two best by splitting the costliest table on the ranks above the mean and re-placing while
    the maximum drops;
 7. on more than one host, the best plan's host-bound groups (table_row_wise, table_column_wise)
-   are moved whole between hosts or swapped (``local_search.improve(groups=True)``); then
+   are moved whole between hosts or swapped (``local_search.improve(groups=True)``); on more
+   than one rank, ``option_search.reoption`` then tries other options and tiers, coarser as
+   well as finer, for the tables on the slowest rank (a table row-wise over every rank puts a
+   floor under every rank that only a coarser option lifts), placing the most promising and
+   keeping what lowers the maximum, until the slowest rank is within 1% of max(mean, the
+   bound's piece) or nothing helps (a budget of placements by the plan's size); if it changed
+   the plan, ``split_dominant`` splits what it left lumpy; then
    ``_promote`` decides tier and splitting together: the costliest shard on the slowest rank that
    sits below the compute tier and cannot spread over every rank (say a hot table that placement
    demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
@@ -49,6 +55,7 @@ import numpy as np
 
 from .context import PlanContext
 from .local_search import improve
+from .option_search import choice_of, largest_piece, reoption
 from .option_grid import TableArrays
 from .proposals import price_options, select, split_dominant
 from .rank_placement import place
@@ -155,6 +162,8 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         # host-bound groups whole between hosts, on the final plan only (so every plan the
         # search compared is the one it compared before, and this can only lower the maximum)
         best = improve(ctx, best, groups=True)
+    if balanced and ctx.W > 1:
+        best = _reoption(ctx, tiers, best)
     if balanced and retier > 0 and ctx.W > ctx.Lw:
         new_tiers = _promote(ctx, tiers, best)
         if new_tiers is not None:
@@ -165,6 +174,25 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
             if sol is not None and better(sol, best):
                 best = sol
     return best
+
+
+def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Solution:
+    """Stage 6b (``option_search.reoption``) on the best plan: other options, finer or coarser,
+    for the tables on the slowest rank, each placed and searched as the starts were."""
+    choice = choice_of(ctx, best)
+    dp = choice == ctx.dp_col
+
+    def place(ch: np.ndarray, tiers: TierAssignment) -> Solution:
+        sol = _place(ctx, ch, dp, tiers)
+        return improve(ctx, sol, groups=True) if ctx.W > ctx.Lw else sol
+
+    piece = largest_piece(ctx, tiers.cache_fraction)
+    sol, choice, new_tiers = reoption(ctx, tiers, best, choice, piece, place)
+    if sol is not best:
+        # coarser options leave lumpier pieces: split the ones on the ranks above the mean
+        prices = price_options(ctx, new_tiers.tier, new_tiers.cache)
+        sol = split_dominant(ctx, prices, sol, choice, lambda ch: place(ch, new_tiers))
+    return sol
 
 
 def _promote(ctx: PlanContext, tiers: TierAssignment, sol: Solution) -> TierAssignment | None:

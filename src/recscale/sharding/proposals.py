@@ -31,11 +31,13 @@ from .types import SHARDING_TYPES, PlannerError
 class OptionPrices:
     """Costs of every (table, option) for one tier assignment, and the options each table may
     take: ``base`` (within ``pack_fraction`` of a rank's tier if any, else fitting a rank, else
-    any valid sharded option) and ``baseline_fit`` (what the baselines choose from)."""
+    any valid sharded option), ``baseline_fit`` (what the baselines choose from) and ``fit``
+    (every sharded option whose widest shard fits one rank's tier)."""
 
     costs: OptionCosts
     base: np.ndarray  # (tables, options) bool
     baseline_fit: np.ndarray  # (tables, options) bool
+    fit: np.ndarray  # (tables, options) bool
 
 
 class Proposal(NamedTuple):
@@ -65,7 +67,7 @@ def price_options(ctx: PlanContext, tier: np.ndarray, cache: np.ndarray) -> Opti
     pref = _fits(ctx, tier, wst, wct, ctx.opts.pack_fraction) & non_dp
     base = np.where(pref.any(axis=1)[:, None], pref,
                     np.where(fit.any(axis=1)[:, None], fit, g.valid & non_dp))
-    return OptionPrices(oc, base, np.where(pref.any(axis=1)[:, None], pref, fit))
+    return OptionPrices(oc, base, np.where(pref.any(axis=1)[:, None], pref, fit), fit)
 
 
 def select(ctx: PlanContext, prices: OptionPrices, is_dp: np.ndarray, split_fraction: float,

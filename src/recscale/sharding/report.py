@@ -44,7 +44,10 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
         f"max/mean {plan.max_over_mean:.3f}; planned in {plan.planning_seconds:.2f} s",
         f"lower bound on any plan's max: {_ms(lb.value)} ms (total / ranks "
         f"{_ms(lb.total_over_ranks)} ms, largest unsplittable piece {_ms(lb.largest_piece)} ms "
-        f"in {lb.piece_table}; tiers spread as a linear programme would); this plan's max / bound "
+        f"in {lb.piece_table}"
+        + (f" with {_ms(lb.spread_floor)} ms of tables split over every rank under it"
+           if lb.spread_floor > 0 else "")
+        + "; tiers spread as a linear programme would); this plan's max / bound "
         f"{plan.max_cost / lb.value if lb.value > 0 else float('nan'):.3f}",
         f"critical path: rank {crit.rank} = compute {_ms(crit.compute_cost)} ms + comms "
         f"{_ms(crit.comms_cost)} ms; largest shards there: {', '.join(plan.critical_tables)}",

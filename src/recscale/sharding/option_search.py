@@ -1,0 +1,174 @@
+"""Stage 6b: change the sharding option of the tables on the slowest rank, finer or coarser.
+
+In: the ``PlanContext``, the option prices of the tiers in force, a placed ``Solution`` with the
+option per table that made it, the largest piece no plan can avoid (``piece``, seconds: the
+bound's ``largest_piece``) and the function that places a choice (``place``: stages 3b-5).
+Out: ``reoption`` -> the best ``Solution`` found and its choice (never worse than the input).
+
+``split_dominant`` only splits tables finer. A table split over every rank (row-wise, or
+column-wise into as many pieces as ranks) puts the same load on every rank, a floor under the
+rest that no placement can move; the cure there is a coarser option (table-row-wise within a
+host, fewer column pieces) whose pieces placement can put on the lighter ranks. Each round looks
+at the tables with the costliest shards on the slowest rank and every other option they allow,
+estimates the maximum each would leave (the larger of the new mean and the new floor plus the
+largest piece that does not span every rank), places the few most promising, and keeps the best
+if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
+max(mean, piece) (nothing left to gain by balance), when no candidate helps, or when the budget
+of placements (``evaluations``, by the plan's size, so the result never depends on the clock)
+is spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from .bounds import piece_bound
+from .context import PlanContext
+from .proposals import OptionPrices, price_options
+from .shards import Solution, better
+from .tiering import TierAssignment
+from .types import PlannerError
+
+# The slowest rank within this share of max(mean, largest piece) is balanced: stop.
+STOP = 1.01
+# Tables on the slowest rank looked at per round, and candidates placed per round.
+TABLES_PER_ROUND = 3
+PLACED_PER_ROUND = 4
+# Placements in all: this many shard-placements' worth (a plan of S shards costs S), at least
+# ``MIN_EVALUATIONS`` plans and at most ``MAX_EVALUATIONS``.
+SHARD_BUDGET = 400_000
+MIN_EVALUATIONS, MAX_EVALUATIONS = 4, 60
+
+
+def evaluations(n_shards: int) -> int:
+    return int(min(MAX_EVALUATIONS, max(MIN_EVALUATIONS, SHARD_BUDGET // max(n_shards, 1))))
+
+
+def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np.ndarray,
+             piece: float, place: Callable[[np.ndarray, TierAssignment], Solution]
+             ) -> tuple[Solution, np.ndarray, TierAssignment]:
+    budget = evaluations(int(best.layout.rank.size))
+    prices = {t: price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, 0.0 if t == ctx.ct
+                                                                  else tiers.cache_fraction))
+              for t in ctx.avail}
+    tried: set[bytes] = {choice.tobytes() + tiers.tier.tobytes()}
+    while budget > 0:
+        load = best.load
+        if load.max() <= STOP * max(load.mean(), piece):
+            break
+        improved = None
+        n = 0
+        for _, tab, j, t in _candidates(ctx, prices, tiers, best, choice):
+            if n >= min(PLACED_PER_ROUND, budget):
+                break
+            new = choice.copy()
+            new[tab] = j
+            tier = tiers.tier.copy()
+            tier[tab] = t
+            key = new.tobytes() + tier.tobytes()
+            if key in tried:
+                continue
+            tried.add(key)
+            n += 1
+            cand = TierAssignment(tier, tiers.cache_fraction,
+                                  np.where(tier != ctx.ct, tiers.cache_fraction, 0.0))
+            try:
+                sol = place(new, cand)
+            except PlannerError:
+                continue
+            if better(sol, best) and (improved is None or better(sol, improved[0])):
+                improved = (sol, new, cand)
+        budget -= n
+        if improved is None:
+            break
+        best, choice, tiers = improved
+    return best, choice, tiers
+
+
+def _candidates(ctx: PlanContext, prices: dict[int, OptionPrices], tiers: TierAssignment,
+                sol: Solution, choice: np.ndarray) -> list[tuple[float, int, int, int]]:
+    """(estimated maximum, table, option, tier) for every other option and tier (that one rank
+    can hold) of the tables with the costliest shards on the slowest rank, best first, only
+    those estimated below the maximum."""
+    lay = sol.layout
+    W = ctx.W
+    load = sol.load
+    r = int(np.argmax(load))
+    spans = np.zeros(ctx.n, dtype=bool)
+    piece = np.zeros(ctx.n)  # largest shard of each table's group
+    spread = np.zeros(ctx.n)  # per-rank load of tables spanning every rank
+    for tab, s, e in lay.groups:
+        spans[tab] = e - s >= W
+        c = lay.cost[s:e]
+        piece[tab] = c.max()
+        if spans[tab]:
+            spread[tab] = c.sum() / W
+    dp_load = float(load.sum() - lay.cost.sum()) / W  # replicated tables, on every rank
+    floor = dp_load + spread.sum()
+    total = float(load.sum())
+    top_pieces = np.sort(np.where(spans, 0.0, piece))[::-1][:2]
+    if top_pieces.size < 2:
+        top_pieces = np.concatenate([top_pieces, np.zeros(2 - top_pieces.size)])
+    on_r = np.flatnonzero(lay.rank == r)
+    order = on_r[np.lexsort((on_r, -lay.cost[on_r]))]
+    tabs: list[int] = []
+    for s in order:
+        tab = int(lay.table[s])
+        if tab not in tabs:
+            tabs.append(tab)
+        if len(tabs) >= TABLES_PER_ROUND:
+            break
+    g = ctx.grid
+    out = []
+    for tab in tabs:
+        c0, t0 = int(choice[tab]), int(tiers.tier[tab])
+        # the largest non-spanning piece of the other tables
+        other = top_pieces[1] if not spans[tab] and piece[tab] >= top_pieces[0] else top_pieces[0]
+        old_total = float(lay.cost[lay.table == tab].sum())
+        pinned = int(ctx.tables.pinned[tab])
+        for t, pr in prices.items():
+            if pinned >= 0 and t != pinned:
+                continue
+            oc = pr.costs
+            for j in np.flatnonzero(pr.fit[tab]):
+                j = int(j)
+                if j == c0 and t == t0:
+                    continue
+                new_total = total - old_total + oc.total[tab, j]
+                new_spans = g.n_shards[tab, j] >= W
+                fl = floor - spread[tab] + (oc.total[tab, j] / W if new_spans else 0.0)
+                top = max(other, 0.0 if new_spans else oc.max[tab, j])
+                est = max(new_total / W, fl + top)
+                if est < load[r] * (1 - 1e-9):
+                    out.append((est, float(oc.total[tab, j]), tab, j, t))
+    out.sort()
+    # one option per table, sharding type and tier (the least estimate, then the least total)
+    seen: set[tuple[int, int, int]] = set()
+    best = []
+    for est, _, tab, j, t in out:
+        key = (tab, int(g.kind[j]), t)
+        if key not in seen:
+            seen.add(key)
+            best.append((est, tab, j, t))
+    return best
+
+
+def choice_of(ctx: PlanContext, sol: Solution) -> np.ndarray:
+    """The option column per table that ``sol``'s layout was cut from (replicated tables: the
+    data-parallel column)."""
+    g = ctx.grid
+    col = {(int(kind), int(k)): j for j, (kind, k) in enumerate(zip(g.kind, g.k))}
+    choice = np.full(ctx.n, ctx.dp_col, dtype=np.int64)
+    lay = sol.layout
+    for tab, s, _ in lay.groups:
+        choice[tab] = col[(int(lay.kind[s]), int(lay.k[s]))]
+    return choice
+
+
+def largest_piece(ctx: PlanContext, cache_fraction: float) -> float:
+    """Seconds some rank holds in any plan from pieces alone (``bounds.piece_bound``)."""
+    return piece_bound(ctx.tables, ctx.grid, ctx.model, ctx.W, ctx.ct,
+                       {a: float(ctx.budget[a]) for a in ctx.avail}, cache_fraction,
+                       ctx.opts.column_granularity)[0]

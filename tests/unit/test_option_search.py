@@ -1,0 +1,69 @@
+"""The option search on the slowest rank (``option_search.reoption``: other options and tiers,
+coarser as well as finer, for the tables there) and the piece bound it stops on
+(``bounds.piece_bound``: a piece plus the floor that tables split over every rank put under it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import recscale.sharding.partition as partition
+from recscale.sharding import TableSpec, Topology, plan_sharding
+from recscale.sharding.bounds import lower_bound, plan_lower_bound
+from recscale.sharding.types import PlannerOptions
+from tests.unit.test_sharding_properties import small_mix
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_balance as bb  # noqa: E402
+
+
+def _without_search(monkeypatch):
+    monkeypatch.setattr(partition, "reoption", lambda ctx, tiers, best, choice, piece, place:
+                        (best, choice, tiers))
+
+
+def test_the_piece_bound_adds_the_floor_of_tables_spread_over_every_rank():
+    """A row-wise-only table puts one equal block on each of 4 ranks; a table-wise-only table is
+    one piece, on one of those ranks: no plan's slowest rank is below the piece plus a block,
+    which the old bound (the larger of the two alone) did not see; the planner reaches it."""
+    tables = [TableSpec("spread", 400_000, 64, 20.0,
+                        constraints={"sharding_types": ["row_wise"]}),
+              TableSpec("lump", 50_000, 128, 40.0,
+                        constraints={"sharding_types": ["table_wise"]})]
+    topo = Topology.preset("cpu-local", world_size=4, local_world_size=4)
+    lb = lower_bound(tables, topo, 256, PlannerOptions())
+    plan = plan_sharding(tables, topo, 256)
+    block = plan.table("spread").shards[0].cost
+    lump = plan.table("lump").shards[0].cost
+    assert lb.largest_piece == pytest.approx(lump + block, rel=1e-9)
+    assert lb.spread_floor == pytest.approx(block, rel=1e-9) and lb.piece_table == "lump"
+    assert plan.max_cost == pytest.approx(lb.value, rel=1e-9)
+
+
+def test_a_coarser_option_removes_the_row_wise_floor_and_reaches_the_bound(monkeypatch):
+    """bench_balance's seed 120 (13 tables on 128 zionex ranks): two tables row-wise over every
+    rank put half the mean under every rank; table-row-wise inside a host costs a twentieth of
+    that in all. The search ends at the bound; without it the slowest rank is over 2.5x that."""
+    m = bb.draw_mix(120)
+    plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    lb = plan_lower_bound(plan)
+    assert plan.max_cost <= 1.01 * lb.value
+    _without_search(monkeypatch)
+    before = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    assert before.max_cost > 2.5 * plan.max_cost
+    assert {t.name: t.sharding_type for t in before.tables}["t0009"] == "row_wise"
+    assert {t.name: t.sharding_type for t in plan.tables}["t0009"] == "table_row_wise"
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 3))
+def test_the_search_never_raises_the_slowest_rank(seed, monkeypatch):
+    tables, topo, opts = small_mix(seed)
+    try:
+        plan = plan_sharding(tables, topo, 256, opts)
+    except Exception:  # a refusal is the same with or without the search (tiers come first)
+        return
+    _without_search(monkeypatch)
+    before = plan_sharding(tables, topo, 256, opts)
+    assert plan.max_cost <= before.max_cost * (1 + 1e-9)
