@@ -20,7 +20,7 @@ import bench_balance as bb  # noqa: E402
 
 
 def _without_search(monkeypatch):
-    monkeypatch.setattr(partition, "reoption", lambda ctx, tiers, best, choice, piece, place:
+    monkeypatch.setattr(partition, "reoption", lambda ctx, tiers, best, choice, *rest:
                         (best, choice, tiers))
 
 
@@ -67,3 +67,45 @@ def test_the_search_never_raises_the_slowest_rank(seed, monkeypatch):
     _without_search(monkeypatch)
     before = plan_sharding(tables, topo, 256, opts)
     assert plan.max_cost <= before.max_cost * (1 + 1e-9)
+
+
+def test_a_tables_new_shards_are_placed_around_the_others_which_stay():
+    """``shards.replace_table`` + ``rank_placement.place``: the incremental move the search also
+    tries. Every other shard keeps its rank; the table's row-wise blocks land one per rank; the
+    ranks' loads are the old ones less the table's old shards plus its new ones."""
+    import numpy as np
+
+    from recscale.sharding.context import PlanContext
+    from recscale.sharding.cost import RW
+    from recscale.sharding.option_grid import TableArrays
+    from recscale.sharding.option_search import choice_of
+    from recscale.sharding.partition import solve
+    from recscale.sharding.rank_placement import place
+    from recscale.sharding.shards import replace_table
+
+    tables, topo, opts = small_mix(4)
+    arrays = TableArrays.build(tables)
+    options = PlannerOptions.coerce(opts)
+    ctx = PlanContext.build(arrays, topo, 256, options)
+    sol = solve(arrays, topo, 256, options)
+    choice = choice_of(ctx, sol)
+    lay = sol.layout
+    rw = int(np.flatnonzero(ctx.grid.kind == RW)[0])
+    tab = next(t for t, s, e in lay.groups if lay.kind[s] != RW and e - s < ctx.W)
+    tier = np.full(ctx.n, ctx.ct)
+    for t, s, _ in lay.groups:
+        tier[t] = lay.tier[s]
+    cache = np.where(tier != ctx.ct, sol.cache_fraction, 0.0)
+    new_lay = replace_table(ctx, lay, tab, rw, tier, cache)
+    choice[tab] = rw
+    new = place(ctx, new_lay, choice == ctx.dp_col, sol.cache_fraction)
+    before = {(int(t), int(ro), int(co)): int(r) for t, ro, co, r in
+              zip(lay.table, lay.row_off, lay.col_off, lay.rank) if t != tab}
+    after = {(int(t), int(ro), int(co)): int(r) for t, ro, co, r in
+             zip(new.layout.table, new.layout.row_off, new.layout.col_off, new.layout.rank)}
+    assert all(after[k] == r for k, r in before.items())
+    mine = new.layout.table == tab
+    assert sorted(new.layout.rank[mine].tolist()) == list(range(ctx.W))
+    assert new.layout.row_len[mine].sum() == int(arrays.N[tab])
+    expect = sol.load.sum() - lay.cost[lay.table == tab].sum() + new.layout.cost[mine].sum()
+    assert new.load.sum() == pytest.approx(expect, rel=1e-9)

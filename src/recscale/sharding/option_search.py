@@ -11,8 +11,9 @@ rest that no placement can move; the cure there is a coarser option (table-row-w
 host, fewer column pieces) whose pieces placement can put on the lighter ranks. Each round looks
 at the tables with the costliest shards on the slowest rank and every other option they allow,
 estimates the maximum each would leave (the larger of the new mean and the new floor plus the
-largest piece that does not span every rank), places the few most promising, and keeps the best
-if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
+largest piece that does not span every rank), places the few most promising (``place``: the
+caller's evaluation; ``patient``: keep trying further candidates while none has helped), and
+keeps the best if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
 max(mean, piece) (nothing left to gain by balance), when no candidate helps, or when the budget
 of placements (``evaluations``, by the plan's size, so the result never depends on the clock)
 is spent.
@@ -47,8 +48,9 @@ def evaluations(n_shards: int) -> int:
 
 
 def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np.ndarray,
-             piece: float, place: Callable[[np.ndarray, TierAssignment], Solution]
-             ) -> tuple[Solution, np.ndarray, TierAssignment]:
+             piece: float,
+             place: Callable[[Solution, np.ndarray, TierAssignment, int], Solution],
+             patient: bool = False) -> tuple[Solution, np.ndarray, TierAssignment]:
     budget = evaluations(int(best.layout.rank.size))
     prices = {t: price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, 0.0 if t == ctx.ct
                                                                   else tiers.cache_fraction))
@@ -61,7 +63,8 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
         improved = None
         n = 0
         for _, tab, j, t in _candidates(ctx, prices, tiers, best, choice):
-            if n >= min(PLACED_PER_ROUND, budget):
+            # the most promising few (``patient``: more while none has helped)
+            if n >= budget or (n >= PLACED_PER_ROUND and (improved is not None or not patient)):
                 break
             new = choice.copy()
             new[tab] = j
@@ -75,7 +78,7 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
             cand = TierAssignment(tier, tiers.cache_fraction,
                                   np.where(tier != ctx.ct, tiers.cache_fraction, 0.0))
             try:
-                sol = place(new, cand)
+                sol = place(best, new, cand, tab)
             except PlannerError:
                 continue
             if better(sol, best) and (improved is None or better(sol, improved[0])):

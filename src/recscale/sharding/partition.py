@@ -32,8 +32,9 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    well as finer, for the tables on the slowest rank (a table row-wise over every rank puts a
    floor under every rank that only a coarser option lifts), placing the most promising and
    keeping what lowers the maximum, until the slowest rank is within 1% of max(mean, the
-   bound's piece) or nothing helps (a budget of placements by the plan's size); if it changed
-   the plan, ``split_dominant`` splits what it left lumpy; then
+   bound's piece) or nothing helps (a budget of placements by the plan's size), twice (each
+   candidate placed from scratch; or also around the other shards) and the better kept; if it
+   changed the plan, ``split_dominant`` splits what it left lumpy; then
    ``_promote`` decides tier and splitting together: the costliest shard on the slowest rank that
    sits below the compute tier and cannot spread over every rank (say a hot table that placement
    demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
@@ -59,7 +60,7 @@ from .option_search import choice_of, largest_piece, reoption
 from .option_grid import TableArrays
 from .proposals import price_options, select, split_dominant
 from .rank_placement import place
-from .shards import Solution, better, build_layout
+from .shards import Solution, better, build_layout, replace_table
 from .tiering import TierAssignment, assign_tiers, choose_data_parallel, only_data_parallel
 from .topology import Topology
 from .types import PlannerError, PlannerOptions
@@ -178,21 +179,36 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
 
 def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Solution:
     """Stage 6b (``option_search.reoption``) on the best plan: other options, finer or coarser,
-    for the tables on the slowest rank, each placed and searched as the starts were."""
+    for the tables on the slowest rank. Two searches, the better kept (each greedy, so each can
+    end where the other does not): every candidate placed from scratch as the starts were; and
+    every candidate's shards placed around the others' (``shards.replace_table``), searched,
+    beside the placement from scratch, trying further candidates while none has helped."""
     choice = choice_of(ctx, best)
     dp = choice == ctx.dp_col
+    groups = ctx.W > ctx.Lw
 
-    def place(ch: np.ndarray, tiers: TierAssignment) -> Solution:
+    def full(ch: np.ndarray, tiers: TierAssignment) -> Solution:
         sol = _place(ctx, ch, dp, tiers)
-        return improve(ctx, sol, groups=True) if ctx.W > ctx.Lw else sol
+        return improve(ctx, sol, groups=True) if groups else sol
+
+    def around(sol: Solution, ch: np.ndarray, tiers: TierAssignment, tab: int) -> Solution:
+        lay = replace_table(ctx, sol.layout, tab, int(ch[tab]), tiers.tier, tiers.cache)
+        new = improve(ctx, place(ctx, lay, dp, tiers.cache_fraction))
+        new = improve(ctx, new, groups=True) if groups else new
+        other = full(ch, tiers)
+        return other if better(other, new) else new
 
     piece = largest_piece(ctx, tiers.cache_fraction)
-    sol, choice, new_tiers = reoption(ctx, tiers, best, choice, piece, place)
-    if sol is not best:
-        # coarser options leave lumpier pieces: split the ones on the ranks above the mean
-        prices = price_options(ctx, new_tiers.tier, new_tiers.cache)
-        sol = split_dominant(ctx, prices, sol, choice, lambda ch: place(ch, new_tiers))
-    return sol
+    out = best
+    for evaluate, patient in (((lambda s, ch, t, tab: full(ch, t)), False), (around, True)):
+        sol, ch, new_tiers = reoption(ctx, tiers, best, choice, piece, evaluate, patient)
+        if sol is not best:
+            # coarser options leave lumpier pieces: split the ones on the ranks above the mean
+            prices = price_options(ctx, new_tiers.tier, new_tiers.cache)
+            sol = split_dominant(ctx, prices, sol, ch, lambda c, t=new_tiers: full(c, t))
+        if better(sol, out):
+            out = sol
+    return out
 
 
 def _promote(ctx: PlanContext, tiers: TierAssignment, sol: Solution) -> TierAssignment | None:

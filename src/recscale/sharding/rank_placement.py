@@ -1,7 +1,9 @@
 """Stage 4: a rank for every shard, largest group first, demoting what does not fit.
 
 In: the ``PlanContext``, a ``Layout`` (``shards.build_layout``; not modified), the data-parallel
-mask and the cache fraction that a shard moved to a lower tier gets.
+mask and the cache fraction that a shard moved to a lower tier gets. Shards whose rank is set
+already (``shards.replace_table``: one table's option changed in a placed plan) stay there; the
+others are placed around them.
 Out: ``place`` -> ``Solution`` with every shard's rank set (on a copy of the layout, whose tiers,
 caches and costs may differ where shards were demoted). Raises ``PlannerError`` naming the table
 when a shard group fits nowhere even in the lowest tier, or when the replicated tables alone
@@ -56,6 +58,12 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
     cost = lay.cost
     ng = len(lay.groups)
     starts = np.array([s for _, s, _ in lay.groups], dtype=np.int64)
+    # shards already placed (a layout where one table's option changed) stay where they are
+    placed = lay.rank >= 0
+    if placed.any():
+        np.add.at(load, lay.rank[placed], cost[placed])
+        np.add.at(free.T, lay.rank[placed], -lay.need[placed])
+        np.add.at(occ, (lay.table[placed], lay.rank[placed]), 1)
     # groups spanning every rank have only one placement (up to order): place them first
     full = np.array([e - s >= W for _, s, e in lay.groups], dtype=bool)
     if opts.strategy == "round_robin":
@@ -64,7 +72,7 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
         # Largest first, measuring a group by its costliest shard against the mean rank load
         # and by its largest memory share of one rank's tier (vector bin-packing order).
         gcost = np.maximum.reduceat(cost, starts)
-        mean = (cost.sum() + load.sum()) / W
+        mean = (cost[~placed].sum() + load.sum()) / W
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(budget > 0, lay.need / budget, 0.0).max(axis=1)
         gmem = np.maximum.reduceat(share, starts)
@@ -74,7 +82,8 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
         order = list(np.lexsort((np.arange(ng), -key, ~full)))
     else:
         order = []
-    mean = max((cost.sum() + load.sum()) / W, 1e-30)
+    order = [gi for gi in order if lay.rank[starts[gi]] < 0]
+    mean = max((cost[~placed].sum() + load.sum()) / W, 1e-30)
     has = budget > 0
     strategy = opts.strategy
     pointer = 0

@@ -7,7 +7,8 @@ cost, bytes per tier), ranks unset (-1); ``summarize`` -> ``Solution``: a placed
 data-parallel tables, per-rank cost and memory, free bytes and shards per (table, rank);
 ``better(a, b)``: the ordering of solutions every stage uses (lower maximum, then evener).
 ``cost_shards`` re-costs shards in place after a stage changed their tier or cache (placement
-works on its own copy of a layout).
+works on its own copy of a layout); ``replace_table`` swaps one table's shards in a placed
+layout for unplaced shards of another option or tier.
 """
 
 from __future__ import annotations
@@ -120,6 +121,27 @@ def build_layout(ctx: PlanContext, choice: np.ndarray, tier: np.ndarray,
     for kind in np.unique(lay.kind):
         cost_shards(ctx, lay, np.flatnonzero(lay.kind == kind))
     return lay
+
+
+def replace_table(ctx: PlanContext, lay: Layout, tab: int, option: int, tier: np.ndarray,
+                  cache: np.ndarray) -> Layout:
+    """``lay`` with table ``tab``'s shards cut anew by ``option`` in ``tier[tab]`` (unplaced, at the
+    end); every other shard keeps its rank. A data-parallel ``option`` just drops the table."""
+    one = np.full(ctx.n, ctx.dp_col, dtype=np.int64)
+    one[tab] = option
+    new = build_layout(ctx, one, tier, cache)
+    keep = lay.table != tab
+    idx = np.flatnonzero(keep)
+    remap = np.cumsum(keep) - 1
+    groups = [(t, int(remap[s]), int(remap[e - 1]) + 1) for t, s, e in lay.groups if t != tab]
+    base = idx.size
+    groups += [(t, s + base, e + base) for t, s, e in new.groups]
+    parts = {}
+    for f in fields(Layout):
+        if f.name == "groups":
+            continue
+        parts[f.name] = np.concatenate([getattr(lay, f.name)[idx], getattr(new, f.name)])
+    return Layout(**parts, groups=groups)
 
 
 def cost_shards(ctx: PlanContext, lay: Layout, idx: np.ndarray) -> None:
