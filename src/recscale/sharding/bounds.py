@@ -12,7 +12,9 @@ No plan's slowest rank costs less than
 - the largest piece (``piece_bound``): the costliest of the tables' smallest pieces (each
   table's most finely split option: row-wise over every rank, columns at the minimum width,
   ...), or, larger where tables split over every rank put a floor under every rank, a piece plus
-  the floor of the tables that cannot be cut that small.
+  the floor of the tables that cannot be cut that small, or, larger where a table's smaller
+  pieces cost more in all, the least over its options of the larger of the option's piece and
+  the mean rank cost it implies.
 
 The piece assumes the compute tier (slower tiers only cost more). Both use the cost model's terms,
 so they bound the planner's own estimate, not measured time; I/O buffers are left out of memory
@@ -87,7 +89,11 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
     - a piece P plus what every table that cannot be cut into pieces of at most P puts on every
       rank: such a table takes an option split over every rank (row-wise, column-wise into as
       many pieces as ranks, replicated), one shard on each, so the rank holding P holds its
-      smallest shard too. The least such sum over P.
+      smallest shard too. The least such sum over P; and
+    - for each table, the least over its options of the larger of the option's widest piece and
+      the mean rank cost if it takes that option and every other table its cheapest (a finer
+      option that makes smaller pieces often costs more in all: its pieces cannot be had
+      without that mean).
 
     A shard costs what it costs in the fastest tier (``usable``: bytes per rank and tier index)
     whose rank can hold the option's widest shard, with a cache of ``cache_fraction`` below the
@@ -98,6 +104,7 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
     N, L, F, U = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None], arrays.U[:, None]
     piece = np.full((n, m), np.inf)  # widest shard
     least = np.full((n, m), np.inf)  # narrowest shard, options spanning every rank only
+    total = np.full((n, m), np.inf)  # all shards
     for j in range(m):
         kind, k = int(grid.kind[j]), int(grid.k[j])
         wide = cm.storage_bytes(grid.wide_rows[:, j], grid.wide_cols[:, j])
@@ -112,6 +119,9 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
         piece[:, j] = np.where(ok, cm.shards(kind, N, L, F, grid.wide_rows[:, j:j + 1],
                                              grid.wide_cols[:, j:j + 1], k, tier, c,
                                              U).total[:, 0], np.inf)
+        mean = cm.shards(kind, N, L, F, grid.mean_rows[:, j:j + 1], grid.mean_cols[:, j:j + 1], k,
+                         tier, c, U).total[:, 0]
+        total[:, j] = np.where(ok, mean * (W if kind == DP else grid.n_shards[:, j]), np.inf)
         spans = ok & ((grid.n_shards[:, j] >= W) if kind != DP else True)
         if not spans.any():
             continue
@@ -139,7 +149,16 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
         if P + floor < coupled[0]:
             at = int(np.flatnonzero(p == P)[0]) if P > 0 else first
             coupled = (float(P + floor), at, floor)
-    return coupled if coupled[0] > best[0] else best
+    if coupled[0] > best[0]:
+        best = coupled
+    cheapest = np.min(total, axis=1)
+    rest = float(cheapest[np.isfinite(cheapest)].sum()) - np.where(np.isfinite(cheapest),
+                                                                     cheapest, 0.0)
+    with_mean = np.min(np.maximum(piece, (rest[:, None] + total) / W), axis=1)
+    i = int(np.argmax(with_mean))
+    if with_mean[i] > best[0]:
+        best = (float(with_mean[i]), i, 0.0)
+    return best
 
 
 def _spread(cost: np.ndarray, nbytes: np.ndarray, topo: Topology, tiers: list[int], ct: int,
