@@ -14,9 +14,10 @@ estimates the maximum each would leave (the larger of the new mean and the new f
 largest piece that does not span every rank), places the few most promising (``place``: the
 caller's evaluation; ``patient``: keep trying further candidates while none has helped), and
 keeps the best if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
-max(mean, piece) (nothing left to gain by balance), when no candidate helps, or when the budget
-of placements (``evaluations``, by the plan's size, so the result never depends on the clock)
-is spent.
+``piece`` (the bound's largest piece, which is never below the tables' cheapest total over the
+ranks: a plan balanced at a mean far above that still searches), when no candidate helps, or
+when the budget of placements (``evaluations``, by the plan's size, so the result never depends
+on the clock) is spent.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .shards import Solution, better
 from .tiering import TierAssignment
 from .types import PlannerError
 
-# The slowest rank within this share of max(mean, largest piece) is balanced: stop.
+# The slowest rank within this share of the bound's largest piece: nothing left to gain, stop.
 STOP = 1.01
 # Tables on the slowest rank looked at per round, and candidates placed per round.
 TABLES_PER_ROUND = 3
@@ -58,7 +59,7 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
     tried: set[bytes] = {choice.tobytes() + tiers.tier.tobytes()}
     while budget > 0:
         load = best.load
-        if load.max() <= STOP * max(load.mean(), piece):
+        if load.max() <= STOP * piece:
             break
         improved = None
         n = 0

@@ -31,8 +31,8 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    than one rank, ``option_search.reoption`` then tries other options and tiers, coarser as
    well as finer, for the tables on the slowest rank (a table row-wise over every rank puts a
    floor under every rank that only a coarser option lifts), placing the most promising and
-   keeping what lowers the maximum, until the slowest rank is within 1% of max(mean, the
-   bound's piece) or nothing helps (a budget of placements by the plan's size), twice (each
+   keeping what lowers the maximum, until the slowest rank is within 1% of the bound's piece
+   (never below the cheapest total over the ranks) or nothing helps (a budget of placements by the plan's size), twice (each
    candidate placed from scratch; or also around the other shards) and the better kept; if it
    changed the plan, ``split_dominant`` splits what it left lumpy; then
    ``_promote`` decides tier and splitting together: the costliest shard on the slowest rank that
