@@ -135,3 +135,20 @@ def test_a_plan_balanced_at_a_needless_mean_is_searched_too(monkeypatch):
     assert before.max_over_mean < 1.01
     assert before.max_cost > 4 * plan.max_cost
     assert plan.max_cost <= 1.2 * plan_lower_bound(plan).value
+
+
+def test_a_table_whose_cache_hbm_cannot_hold_is_tried_below_without_one(monkeypatch):
+    """bench_balance's seed 291 (10 tables, 96 zionex ranks, fp32): t0000 (2.1e9 rows x 304) is
+    row-wise over every rank in HBM. Column-wise in 19 pieces fits DDR but not with the plan's
+    cache (a third of 143 GB in 36 GB of HBM); without a cache its pieces cost half a row-wise
+    block and a twentieth in all. The search tries each lower tier with and without the cache."""
+    m = bb.draw_mix(291)
+    plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    t0 = plan.table("t0000")
+    assert (t0.sharding_type, t0.tier, len(t0.shards)) == ("column_wise", "ddr", 19)
+    assert {s.cache_fraction for s in t0.shards} == {0.0} and plan.cache_fraction > 0
+    assert plan.max_cost <= 1.01 * plan_lower_bound(plan).value
+    _without_search(monkeypatch)
+    before = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    assert before.table("t0000").sharding_type == "row_wise"
+    assert before.max_cost > 3 * plan.max_cost

@@ -97,7 +97,7 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
 
     A shard costs what it costs in the fastest tier (``usable``: bytes per rank and tier index)
     whose rank can hold the option's widest shard, with a cache of ``cache_fraction`` below the
-    compute tier; options no tier can hold are left out. ``table``:
+    compute tier where the compute tier can hold it; options no tier can hold are left out. ``table``:
     the table whose piece sets the bound; ``floor``: the spread load beside it (0 when the first
     term is the larger)."""
     n, m = grid.valid.shape
@@ -115,7 +115,9 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
                 tier = np.where(wide <= usable[t], t, tier)
         ok = grid.valid[:, j] & (tier >= 0)
         tier = np.where(ok, tier, ct)[:, None]
-        c = np.where(tier == ct, 0.0, cache_fraction)
+        # a slow tier's shard has its cache in the compute tier, or none if it cannot hold it
+        c = np.where((tier == ct) | (cache_fraction * wide[:, None] > usable.get(ct, 0.0)),
+                     0.0, cache_fraction)
         piece[:, j] = np.where(ok, cm.shards(kind, N, L, F, grid.wide_rows[:, j:j + 1],
                                              grid.wide_cols[:, j:j + 1], k, tier, c,
                                              U).total[:, 0], np.inf)

@@ -9,7 +9,8 @@ Out: ``reoption`` -> the best ``Solution`` found and its choice (never worse tha
 column-wise into as many pieces as ranks) puts the same load on every rank, a floor under the
 rest that no placement can move; the cure there is a coarser option (table-row-wise within a
 host, fewer column pieces) whose pieces placement can put on the lighter ranks. Each round looks
-at the tables with the costliest shards on the slowest rank and every other option they allow,
+at the tables with the costliest shards on the slowest rank and every other option, tier and
+cache (a lower tier with the plan's cache fraction or none) that one rank can hold,
 estimates the maximum each would leave (the larger of the new mean and the new floor plus the
 largest piece that does not span every rank), places the few most promising (``place``: the
 caller's evaluation; ``patient``: keep trying further candidates while none has helped), and
@@ -53,17 +54,21 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
              place: Callable[[Solution, np.ndarray, TierAssignment, int], Solution],
              patient: bool = False) -> tuple[Solution, np.ndarray, TierAssignment]:
     budget = evaluations(int(best.layout.rank.size))
-    prices = {t: price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, 0.0 if t == ctx.ct
-                                                                  else tiers.cache_fraction))
-              for t in ctx.avail}
-    tried: set[bytes] = {choice.tobytes() + tiers.tier.tobytes()}
+    # every tier; below the compute tier with the plan's cache fraction and without a cache (a
+    # shard whose cache the compute tier cannot hold may still fit without one)
+    c = tiers.cache_fraction
+    settings = [(t, 0.0 if t == ctx.ct else c) for t in ctx.avail]
+    settings += [(t, 0.0) for t in ctx.avail if t != ctx.ct and c > 0]
+    prices = {(t, cf): price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, cf))
+              for t, cf in settings}
+    tried: set[bytes] = {choice.tobytes() + tiers.tier.tobytes() + tiers.cache.tobytes()}
     while budget > 0:
         load = best.load
         if load.max() <= STOP * piece:
             break
         improved = None
         n = 0
-        for _, tab, j, t in _candidates(ctx, prices, tiers, best, choice):
+        for _, tab, j, t, cf in _candidates(ctx, prices, tiers, best, choice):
             # the most promising few (``patient``: more while none has helped)
             if n >= budget or (n >= PLACED_PER_ROUND and (improved is not None or not patient)):
                 break
@@ -71,13 +76,14 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
             new[tab] = j
             tier = tiers.tier.copy()
             tier[tab] = t
-            key = new.tobytes() + tier.tobytes()
+            cache = tiers.cache.copy()
+            cache[tab] = cf
+            key = new.tobytes() + tier.tobytes() + cache.tobytes()
             if key in tried:
                 continue
             tried.add(key)
             n += 1
-            cand = TierAssignment(tier, tiers.cache_fraction,
-                                  np.where(tier != ctx.ct, tiers.cache_fraction, 0.0))
+            cand = TierAssignment(tier, tiers.cache_fraction, cache)
             try:
                 sol = place(best, new, cand, tab)
             except PlannerError:
@@ -91,11 +97,12 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
     return best, choice, tiers
 
 
-def _candidates(ctx: PlanContext, prices: dict[int, OptionPrices], tiers: TierAssignment,
-                sol: Solution, choice: np.ndarray) -> list[tuple[float, int, int, int]]:
-    """(estimated maximum, table, option, tier) for every other option and tier (that one rank
-    can hold) of the tables with the costliest shards on the slowest rank, best first, only
-    those estimated below the maximum."""
+def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
+                tiers: TierAssignment, sol: Solution,
+                choice: np.ndarray) -> list[tuple[float, int, int, int, float]]:
+    """(estimated maximum, table, option, tier, cache fraction) for every other option, tier
+    and cache (that one rank can hold) of the tables with the costliest shards on the slowest
+    rank, best first, only those estimated below the maximum."""
     lay = sol.layout
     W = ctx.W
     load = sol.load
@@ -127,18 +134,18 @@ def _candidates(ctx: PlanContext, prices: dict[int, OptionPrices], tiers: TierAs
     g = ctx.grid
     out = []
     for tab in tabs:
-        c0, t0 = int(choice[tab]), int(tiers.tier[tab])
+        c0, t0, cf0 = int(choice[tab]), int(tiers.tier[tab]), float(tiers.cache[tab])
         # the largest non-spanning piece of the other tables
         other = top_pieces[1] if not spans[tab] and piece[tab] >= top_pieces[0] else top_pieces[0]
         old_total = float(lay.cost[lay.table == tab].sum())
         pinned = int(ctx.tables.pinned[tab])
-        for t, pr in prices.items():
+        for (t, cf), pr in prices.items():
             if pinned >= 0 and t != pinned:
                 continue
             oc = pr.costs
             for j in np.flatnonzero(pr.fit[tab]):
                 j = int(j)
-                if j == c0 and t == t0:
+                if j == c0 and t == t0 and cf == cf0:
                     continue
                 new_total = total - old_total + oc.total[tab, j]
                 new_spans = g.n_shards[tab, j] >= W
@@ -146,16 +153,16 @@ def _candidates(ctx: PlanContext, prices: dict[int, OptionPrices], tiers: TierAs
                 top = max(other, 0.0 if new_spans else oc.max[tab, j])
                 est = max(new_total / W, fl + top)
                 if est < load[r] * (1 - 1e-9):
-                    out.append((est, float(oc.total[tab, j]), tab, j, t))
+                    out.append((est, float(oc.total[tab, j]), tab, j, t, cf))
     out.sort()
-    # one option per table, sharding type and tier (the least estimate, then the least total)
-    seen: set[tuple[int, int, int]] = set()
+    # one option per table, sharding type, tier and cache (the least estimate, then total)
+    seen: set[tuple[int, int, int, float]] = set()
     best = []
-    for est, _, tab, j, t in out:
-        key = (tab, int(g.kind[j]), t)
+    for est, _, tab, j, t, cf in out:
+        key = (tab, int(g.kind[j]), t, cf)
         if key not in seen:
             seen.add(key)
-            best.append((est, tab, j, t))
+            best.append((est, tab, j, t, cf))
     return best
 
 
