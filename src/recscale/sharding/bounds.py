@@ -34,6 +34,10 @@ from .topology import Topology
 from .types import TIERS, PlannerOptions, TableSpec
 
 
+# Tables paired in the piece bound (the largest bounds alone; pairs grow as their square).
+PAIR_TABLES = 12
+
+
 @dataclass(frozen=True)
 class LowerBound:
     """Seconds: ``value`` = max(``total_over_ranks``, ``largest_piece``); ``piece_table``: the
@@ -93,7 +97,11 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
     - for each table, the least over its options of the larger of the option's widest piece and
       the mean rank cost if it takes that option and every other table its cheapest (a finer
       option that makes smaller pieces often costs more in all: its pieces cannot be had
-      without that mean).
+      without that mean); and
+    - for pairs of the ``PAIR_TABLES`` tables with the largest such bounds, the least over both
+      tables' options of the same with both options' pieces and totals, and, where the two
+      options have more pieces together than there are ranks, a narrowest piece of each on one
+      rank.
 
     A shard costs what it costs in the fastest tier (``usable``: bytes per rank and tier index)
     whose rank can hold the option's widest shard, with a cache of ``cache_fraction`` below the
@@ -104,7 +112,9 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
     N, L, F, U = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None], arrays.U[:, None]
     piece = np.full((n, m), np.inf)  # widest shard
     least = np.full((n, m), np.inf)  # narrowest shard, options spanning every rank only
+    narrow = np.full((n, m), np.inf)  # narrowest shard, every option
     total = np.full((n, m), np.inf)  # all shards
+    count = np.where(grid.kind[None, :] == DP, W, grid.n_shards)  # shards on distinct ranks
     for j in range(m):
         kind, k = int(grid.kind[j]), int(grid.k[j])
         wide = cm.storage_bytes(grid.wide_rows[:, j], grid.wide_cols[:, j])
@@ -125,15 +135,14 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
                          tier, c, U).total[:, 0]
         total[:, j] = np.where(ok, mean * (W if kind == DP else grid.n_shards[:, j]), np.inf)
         spans = ok & ((grid.n_shards[:, j] >= W) if kind != DP else True)
-        if not spans.any():
-            continue
         rows, cols = arrays.N.copy(), arrays.D.copy()
         if kind in (RW, TWRW):
             rows = arrays.N - (grid.n_shards[:, j] - 1) * grid.wide_rows[:, j]
         elif kind in (CW, TWCW) and k > 1:
             cols = (arrays.D // granularity // k) * granularity
-        least[:, j] = np.where(spans, cm.shards(kind, N, L, F, rows[:, None], cols[:, None], k,
-                                                tier, c, U).total[:, 0], np.inf)
+        narrow[:, j] = np.where(ok, cm.shards(kind, N, L, F, rows[:, None], cols[:, None], k,
+                                              tier, c, U).total[:, 0], np.inf)
+        least[:, j] = np.where(spans, narrow[:, j], np.inf)
     if n == 0:
         return 0.0, 0, 0.0
     smallest = np.min(piece, axis=1)
@@ -160,6 +169,20 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
     i = int(np.argmax(with_mean))
     if with_mean[i] > best[0]:
         best = (float(with_mean[i]), i, 0.0)
+    # pairs of the tables with the largest such bounds: options with more pieces together than
+    # ranks put a piece of each on some rank
+    top = np.lexsort((np.arange(n), -with_mean))[:PAIR_TABLES]
+    for a_i, a in enumerate(top):
+        for b in top[a_i + 1:]:
+            both = np.maximum(piece[a][:, None], piece[b][None, :])
+            both = np.maximum(both, (rest[a] - cheapest[b] + total[a][:, None]
+                                     + total[b][None, :]) / W)
+            share = count[a][:, None] + count[b][None, :] > W
+            both = np.where(share, np.maximum(both, narrow[a][:, None] + narrow[b][None, :]),
+                            both)
+            v = float(np.min(both))
+            if v > best[0]:
+                best = (v, int(a), 0.0)
     return best
 
 
