@@ -1,16 +1,14 @@
 """Kedro project settings."""
 
 import os
-import warnings
 
 from kedro.config import OmegaConfigLoader
 
 from recscale.hooks import RecscaleHooks, SparkHooks, TrackingStoreCheck
+from recscale.warning_filters import install as install_warning_filters
 
-# Kedro 1.7 and kedro-mlflow call omegaconf's register_new_resolver, deprecated in the omegaconf
-# they install; nothing a user of this project can act on
-warnings.filterwarnings("ignore", message=r"register_new_resolver\(\) is deprecated",
-                        category=UserWarning)
+# library warnings nobody using this project can act on (also installed at kedro's start-up)
+install_warning_filters()
 
 # MLflow draws a progress bar for every artifact it downloads (a model it loads or logs: three
 # bars per model); a run's log shows our progress instead
