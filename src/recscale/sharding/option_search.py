@@ -13,7 +13,8 @@ at the tables with the costliest shards on the slowest rank and every other opti
 cache (a lower tier with the plan's cache fraction or none) that one rank can hold,
 estimates the maximum each would leave (the larger of the new mean and the new floor plus the
 largest piece that does not span every rank), places the few most promising (``place``: the
-caller's evaluation; ``patient``: keep trying further candidates while none has helped), and
+caller's evaluation; ``patient``: keep trying further candidates while none has helped, then
+the best candidates of the two first tables together), and
 keeps the best if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
 ``piece`` (the bound's largest piece, which is never below the tables' cheapest total over the
 ranks: a plan balanced at a mean far above that still searches), when no candidate helps, or
@@ -43,6 +44,8 @@ PLACED_PER_ROUND = 4
 # ``MIN_EVALUATIONS`` plans and at most ``MAX_EVALUATIONS``.
 SHARD_BUDGET = 400_000
 MIN_EVALUATIONS, MAX_EVALUATIONS = 4, 60
+# Candidates of each of the two first tables combined when no single change helps.
+PAIR_CANDIDATES = 2
 
 
 def evaluations(n_shards: int) -> int:
@@ -51,7 +54,7 @@ def evaluations(n_shards: int) -> int:
 
 def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np.ndarray,
              piece: float,
-             place: Callable[[Solution, np.ndarray, TierAssignment, int], Solution],
+             place: Callable[[Solution, np.ndarray, TierAssignment, list[int]], Solution],
              patient: bool = False) -> tuple[Solution, np.ndarray, TierAssignment]:
     budget = evaluations(int(best.layout.rank.size))
     # every tier; below the compute tier with the plan's cache fraction and without a cache (a
@@ -62,34 +65,60 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
     prices = {(t, cf): price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, cf))
               for t, cf in settings}
     tried: set[bytes] = {choice.tobytes() + tiers.tier.tobytes() + tiers.cache.tobytes()}
+
+    def attempt(changes, best, choice, tiers):
+        """The plan with ``changes`` ((table, option, tier, cache) each) placed; None if tried
+        already or it does not pack."""
+        new, tier, cache = choice.copy(), tiers.tier.copy(), tiers.cache.copy()
+        for tab, j, t, cf in changes:
+            new[tab], tier[tab], cache[tab] = j, t, cf
+        key = new.tobytes() + tier.tobytes() + cache.tobytes()
+        if key in tried:
+            return None
+        tried.add(key)
+        cand = TierAssignment(tier, tiers.cache_fraction, cache)
+        try:
+            return place(best, new, cand, [c[0] for c in changes]), new, cand
+        except PlannerError:
+            return ()
+
     while budget > 0:
         load = best.load
         if load.max() <= STOP * piece:
             break
         improved = None
         n = 0
-        for _, tab, j, t, cf in _candidates(ctx, prices, tiers, best, choice):
+        cands = _candidates(ctx, prices, tiers, best, choice)
+        for _, tab, j, t, cf in cands:
             # the most promising few (``patient``: more while none has helped)
             if n >= budget or (n >= PLACED_PER_ROUND and (improved is not None or not patient)):
                 break
-            new = choice.copy()
-            new[tab] = j
-            tier = tiers.tier.copy()
-            tier[tab] = t
-            cache = tiers.cache.copy()
-            cache[tab] = cf
-            key = new.tobytes() + tier.tobytes() + cache.tobytes()
-            if key in tried:
+            out = attempt([(tab, j, t, cf)], best, choice, tiers)
+            if out is None:
                 continue
-            tried.add(key)
             n += 1
-            cand = TierAssignment(tier, tiers.cache_fraction, cache)
-            try:
-                sol = place(best, new, cand, tab)
-            except PlannerError:
-                continue
-            if better(sol, best) and (improved is None or better(sol, improved[0])):
-                improved = (sol, new, cand)
+            if out and better(out[0], best) and (improved is None or better(out[0], improved[0])):
+                improved = out
+        if improved is None and patient:
+            # two tables at once: the best candidates of the two first tables together (a
+            # table's pieces may fit a tier only once another table leaves it)
+            firsts: dict[int, list] = {}
+            for c in cands:
+                if len(firsts.setdefault(c[1], [])) < PAIR_CANDIDATES:
+                    firsts[c[1]].append(c[1:])
+            tabs = list(firsts)[:2]
+            if len(tabs) == 2:
+                for a in firsts[tabs[0]]:
+                    for b in firsts[tabs[1]]:
+                        if n >= budget:
+                            break
+                        out = attempt([a, b], best, choice, tiers)
+                        if out is None:
+                            continue
+                        n += 1
+                        if out and better(out[0], best) and (improved is None
+                                                             or better(out[0], improved[0])):
+                            improved = out
         budget -= n
         if improved is None:
             break

@@ -191,8 +191,10 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Soluti
         sol = _place(ctx, ch, dp, tiers)
         return improve(ctx, sol, groups=True) if groups else sol
 
-    def around(sol: Solution, ch: np.ndarray, tiers: TierAssignment, tab: int) -> Solution:
-        lay = replace_table(ctx, sol.layout, tab, int(ch[tab]), tiers.tier, tiers.cache)
+    def around(sol: Solution, ch: np.ndarray, tiers: TierAssignment, tabs: list[int]) -> Solution:
+        lay = sol.layout
+        for tab in tabs:
+            lay = replace_table(ctx, lay, tab, int(ch[tab]), tiers.tier, tiers.cache)
         new = improve(ctx, place(ctx, lay, dp, tiers.cache_fraction))
         new = improve(ctx, new, groups=True) if groups else new
         other = full(ch, tiers)
