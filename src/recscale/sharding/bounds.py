@@ -33,7 +33,6 @@ from .option_grid import OptionGrid, TableArrays, enumerate_options
 from .topology import Topology
 from .types import TIERS, PlannerOptions, TableSpec
 
-
 # Tables paired in the piece bound (the largest bounds alone; pairs grow as their square).
 PAIR_TABLES = 12
 

@@ -52,18 +52,23 @@ def evaluations(n_shards: int) -> int:
     return int(min(MAX_EVALUATIONS, max(MIN_EVALUATIONS, SHARD_BUDGET // max(n_shards, 1))))
 
 
+def tier_prices(ctx: PlanContext, cache_fraction: float) -> dict[tuple[int, float],
+                                                                  OptionPrices]:
+    """Every table's options priced in every tier: below the compute tier with the plan's cache
+    fraction and without a cache (a shard whose cache the compute tier cannot hold may still
+    fit without one). Keyed by (tier, cache fraction)."""
+    c = cache_fraction
+    settings = [(t, 0.0 if t == ctx.ct else c) for t in ctx.avail]
+    settings += [(t, 0.0) for t in ctx.avail if t != ctx.ct and c > 0]
+    return {(t, cf): price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, cf))
+            for t, cf in settings}
+
+
 def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np.ndarray,
-             piece: float,
+             piece: float, prices: dict[tuple[int, float], OptionPrices],
              place: Callable[[Solution, np.ndarray, TierAssignment, list[int]], Solution],
              patient: bool = False) -> tuple[Solution, np.ndarray, TierAssignment]:
     budget = evaluations(int(best.layout.rank.size))
-    # every tier; below the compute tier with the plan's cache fraction and without a cache (a
-    # shard whose cache the compute tier cannot hold may still fit without one)
-    c = tiers.cache_fraction
-    settings = [(t, 0.0 if t == ctx.ct else c) for t in ctx.avail]
-    settings += [(t, 0.0) for t in ctx.avail if t != ctx.ct and c > 0]
-    prices = {(t, cf): price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, cf))
-              for t, cf in settings}
     tried: set[bytes] = {choice.tobytes() + tiers.tier.tobytes() + tiers.cache.tobytes()}
 
     def attempt(changes, best, choice, tiers):

@@ -32,9 +32,10 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    well as finer, for the tables on the slowest rank (a table row-wise over every rank puts a
    floor under every rank that only a coarser option lifts), placing the most promising and
    keeping what lowers the maximum, until the slowest rank is within 1% of the bound's piece
-   (never below the cheapest total over the ranks) or nothing helps (a budget of placements by the plan's size), twice (each
-   candidate placed from scratch; or also around the other shards) and the better kept; if it
-   changed the plan, ``split_dominant`` splits what it left lumpy; then
+   (never below the cheapest total over the ranks) or nothing helps (a budget of placements by
+   the plan's size), twice (each candidate placed from scratch; or also around the other
+   shards) and the better kept; if it changed the plan, ``split_dominant`` splits what it left
+   lumpy; then
    ``_promote`` decides tier and splitting together: the costliest shard on the slowest rank that
    sits below the compute tier and cannot spread over every rank (say a hot table that placement
    demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
@@ -56,8 +57,8 @@ import numpy as np
 
 from .context import PlanContext
 from .local_search import improve
-from .option_search import choice_of, largest_piece, reoption
 from .option_grid import TableArrays
+from .option_search import choice_of, largest_piece, reoption, tier_prices
 from .proposals import price_options, select, split_dominant
 from .rank_placement import place
 from .shards import Solution, better, build_layout, replace_table
@@ -201,13 +202,15 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Soluti
         return other if better(other, new) else new
 
     piece = largest_piece(ctx, tiers.cache_fraction)
+    prices = tier_prices(ctx, tiers.cache_fraction)  # the same for both searches
     out = best
     for evaluate, patient in (((lambda s, ch, t, tab: full(ch, t)), False), (around, True)):
-        sol, ch, new_tiers = reoption(ctx, tiers, best, choice, piece, evaluate, patient)
+        sol, ch, new_tiers = reoption(ctx, tiers, best, choice, piece, prices, evaluate,
+                                      patient)
         if sol is not best:
             # coarser options leave lumpier pieces: split the ones on the ranks above the mean
-            prices = price_options(ctx, new_tiers.tier, new_tiers.cache)
-            sol = split_dominant(ctx, prices, sol, ch, lambda c, t=new_tiers: full(c, t))
+            sol = split_dominant(ctx, price_options(ctx, new_tiers.tier, new_tiers.cache), sol,
+                                 ch, lambda c, t=new_tiers: full(c, t))
         if better(sol, out):
             out = sol
     return out
