@@ -117,8 +117,12 @@ def test_rejected_rows_come_back_with_their_reason_and_the_others_are_scored(dat
     assert got.errors[3].startswith("bad weights: tags has")
     assert got.errors[4] == "bad label: click=3 is not 0 or 1"
     assert np.isnan(got.probs[[1, 3, 4]]).all() and np.isfinite(got.probs[[0, 2, 5]]).all()
-    clean = scorer.score_table(pq.read_table(raw).slice(0, 6))
-    assert np.array_equal(got.probs[[0, 2, 5]], clean.probs[[0, 2, 5]])
+    # the others score as the same rows alone do: bit for bit in a batch of the same rows (a
+    # batch of other rows may differ in the last bits of fp32: the kernels block by batch size)
+    kept = pq.read_table(raw).slice(0, 6).take([0, 2, 5])
+    assert np.array_equal(got.probs[[0, 2, 5]], scorer.score_table(kept).probs)
+    whole = scorer.score_table(pq.read_table(raw).slice(0, 6))
+    assert np.abs(got.probs[[0, 2, 5]] - whole.probs[[0, 2, 5]]).max() <= 1e-6
     with pytest.raises(ConfigError, match="lack column.*user"):
         scorer.score_table(pq.read_table(raw).slice(0, 6).drop_columns(["user"]))
 
