@@ -14,7 +14,8 @@ cache (a lower tier with the plan's cache fraction or none) that one rank can ho
 estimates the maximum each would leave (the larger of the new mean and the new floor plus the
 largest piece that does not span every rank), places the few most promising (``place``: the
 caller's evaluation; ``patient``: keep trying further candidates while none has helped, then
-the best candidates of the two first tables together), and
+the best candidates of the two first tables together; when still none helps, the options of
+the table whose shards fill the compute tier of ranks below the mean: ``_memory_hog``), and
 keeps the best if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
 ``piece`` (the bound's largest piece, which is never below the tables' cheapest total over the
 ranks: a plan balanced at a mean far above that still searches), when no candidate helps, or
@@ -88,23 +89,17 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
             return ()
 
     while budget > 0:
-        load = best.load
-        if load.max() <= STOP * piece:
+        if best.load.max() <= STOP * piece:
             break
-        improved = None
-        n = 0
+        rnd = _Round(best, choice, tiers, attempt)
         cands = _candidates(ctx, prices, tiers, best, choice)
         for _, tab, j, t, cf in cands:
             # the most promising few (``patient``: more while none has helped)
-            if n >= budget or (n >= PLACED_PER_ROUND and (improved is not None or not patient)):
+            if rnd.n >= budget or (rnd.n >= PLACED_PER_ROUND
+                                   and (rnd.improved is not None or not patient)):
                 break
-            out = attempt([(tab, j, t, cf)], best, choice, tiers)
-            if out is None:
-                continue
-            n += 1
-            if out and better(out[0], best) and (improved is None or better(out[0], improved[0])):
-                improved = out
-        if improved is None and patient:
+            rnd.trial([(tab, j, t, cf)])
+        if rnd.improved is None and patient:
             # two tables at once: the best candidates of the two first tables together (a
             # table's pieces may fit a tier only once another table leaves it)
             firsts: dict[int, list] = {}
@@ -115,28 +110,48 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
             if len(tabs) == 2:
                 for a in firsts[tabs[0]]:
                     for b in firsts[tabs[1]]:
-                        if n >= budget:
-                            break
-                        out = attempt([a, b], best, choice, tiers)
-                        if out is None:
-                            continue
-                        n += 1
-                        if out and better(out[0], best) and (improved is None
-                                                             or better(out[0], improved[0])):
-                            improved = out
-        budget -= n
-        if improved is None:
+                        if rnd.n < budget:
+                            rnd.trial([a, b])
+        if rnd.improved is None:
+            # the table that fills the memory of ranks below the mean, finer or lower
+            for _, tab, j, t, cf in _candidates(ctx, prices, tiers, best, choice, hog=True):
+                if rnd.n >= budget or rnd.n >= PLACED_PER_ROUND and rnd.improved is not None:
+                    break
+                rnd.trial([(tab, j, t, cf)])
+        budget -= rnd.n
+        if rnd.improved is None:
             break
-        best, choice, tiers = improved
+        best, choice, tiers = rnd.improved
     return best, choice, tiers
 
 
+class _Round:
+    """One round of the search: the candidates placed so far (``n``) and the best of them that
+    beat the round's starting plan (``improved``: (plan, choice, tiers), or None)."""
+
+    def __init__(self, best: Solution, choice: np.ndarray, tiers: TierAssignment,
+                 attempt: Callable) -> None:
+        self.best, self.choice, self.tiers, self.attempt = best, choice, tiers, attempt
+        self.n = 0
+        self.improved: tuple[Solution, np.ndarray, TierAssignment] | None = None
+
+    def trial(self, changes: list[tuple[int, int, int, float]]) -> None:
+        out = self.attempt(changes, self.best, self.choice, self.tiers)
+        if out is None:  # tried already
+            return
+        self.n += 1
+        if out and better(out[0], self.best) and (self.improved is None
+                                                  or better(out[0], self.improved[0])):
+            self.improved = out
+
+
 def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
-                tiers: TierAssignment, sol: Solution,
-                choice: np.ndarray) -> list[tuple[float, int, int, int, float]]:
+                tiers: TierAssignment, sol: Solution, choice: np.ndarray,
+                hog: bool = False) -> list[tuple[float, int, int, int, float]]:
     """(estimated maximum, table, option, tier, cache fraction) for every other option, tier
     and cache (that one rank can hold) of the tables with the costliest shards on the slowest
-    rank, best first, only those estimated below the maximum."""
+    rank (``hog``: of ``_memory_hog``'s table instead), best first, only those estimated below
+    the maximum."""
     lay = sol.layout
     W = ctx.W
     load = sol.load
@@ -165,6 +180,9 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
             tabs.append(tab)
         if len(tabs) >= TABLES_PER_ROUND:
             break
+    if hog:
+        tab = _memory_hog(ctx, sol, tabs)
+        tabs = [] if tab is None else [tab]
     g = ctx.grid
     out = []
     for tab in tabs:
@@ -198,6 +216,30 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
             seen.add(key)
             best.append((est, tab, j, t, cf))
     return best
+
+
+def _memory_hog(ctx: PlanContext, sol: Solution, tabs: list[int]) -> int | None:
+    """The table whose shards fill the compute tier of ranks left below the mean (their memory
+    is full, so no placement can give them more work): the largest compute-tier shard on the
+    lightest such rank, if it is not in ``tabs`` already. A finer option or a lower tier for
+    it frees those ranks for the load of the others."""
+    lay, load = sol.layout, sol.load
+    ct = ctx.ct
+    if lay.rank.size == 0 or ctx.budget[ct] <= 0:
+        return None
+    r = int(np.argmax(load))
+    on_r = lay.rank == r
+    # full: less room left than the smallest shard of the slowest rank needs there
+    room = lay.need[on_r, ct].min() if on_r.any() else 0.0
+    full = (sol.free[ct] < room) & (load < load.mean())
+    if not full.any():
+        return None
+    q = int(np.flatnonzero(full)[np.argmin(load[full])])
+    on_q = np.flatnonzero(lay.rank == q)
+    if on_q.size == 0:
+        return None
+    tab = int(lay.table[on_q[np.argmax(lay.need[on_q, ct])]])
+    return None if tab in tabs else tab
 
 
 def choice_of(ctx: PlanContext, sol: Solution) -> np.ndarray:
