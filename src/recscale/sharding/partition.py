@@ -35,7 +35,9 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    (never below the cheapest total over the ranks) or nothing helps (a budget of placements by
    the plan's size), twice (each candidate placed from scratch; or also around the other
    shards) and the better kept; if it changed the plan, ``split_dominant`` splits what it left
-   lumpy; then
+   lumpy; ``repack.repack`` packs the same shards again against a target maximum (MULTIFIT:
+   first and best fit, largest first, the target halved between the mean and the maximum)
+   and keeps that if it is lower; then
    ``_promote`` decides tier and splitting together: the costliest shard on the slowest rank that
    sits below the compute tier and cannot spread over every rank (say a hot table that placement
    demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
@@ -61,6 +63,7 @@ from .option_grid import TableArrays
 from .option_search import choice_of, largest_piece, reoption, tier_prices
 from .proposals import price_options, select, split_dominant
 from .rank_placement import place
+from .repack import repack
 from .shards import Solution, better, build_layout, replace_table
 from .tiering import TierAssignment, assign_tiers, choose_data_parallel, only_data_parallel
 from .topology import Topology
@@ -165,7 +168,7 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         # search compared is the one it compared before, and this can only lower the maximum)
         best = improve(ctx, best, groups=True)
     if balanced and ctx.W > 1:
-        best = _reoption(ctx, tiers, best)
+        best = repack(ctx, _reoption(ctx, tiers, best))
     if balanced and retier > 0 and ctx.W > ctx.Lw:
         new_tiers = _promote(ctx, tiers, best)
         if new_tiers is not None:
