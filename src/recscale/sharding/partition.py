@@ -69,6 +69,9 @@ from .tiering import TierAssignment, assign_tiers, choose_data_parallel, only_da
 from .topology import Topology
 from .types import PlannerError, PlannerOptions
 
+# Plans of at most this many shards search their options with every placement packed again
+# (``repack`` in each evaluation: a fraction of a second each there, seconds on larger plans).
+REPACK_SHARDS = 600
 # Tiers are filled to at most this share of their usable bytes in aggregate, leaving room for the
 # per-rank packing of shards of different sizes; if packing still fails, planning is retried with
 # the next, lower fill (more spilled to lower tiers).
@@ -168,7 +171,7 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         # search compared is the one it compared before, and this can only lower the maximum)
         best = improve(ctx, best, groups=True)
     if balanced and ctx.W > 1:
-        best = repack(ctx, _reoption(ctx, tiers, best))
+        best = _reoption(ctx, tiers, best)
     if balanced and retier > 0 and ctx.W > ctx.Lw:
         new_tiers = _promote(ctx, tiers, best)
         if new_tiers is not None:
@@ -186,14 +189,31 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Soluti
     for the tables on the slowest rank. Two searches, the better kept (each greedy, so each can
     end where the other does not): every candidate placed from scratch as the starts were; and
     every candidate's shards placed around the others' (``shards.replace_table``), searched,
-    beside the placement from scratch, trying further candidates while none has helped."""
+    beside the placement from scratch, trying further candidates while none has helped. On
+    plans of at most ``REPACK_SHARDS`` shards both run once more with every candidate's
+    placement packed again against a target (``repack``, first fit: the search then sees which
+    options pack evenly). Each search's end is packed again (``repack``, both fits) and the
+    best kept."""
+    piece = largest_piece(ctx, tiers.cache_fraction)
+    prices = tier_prices(ctx, tiers.cache_fraction)  # the same for every search
+    out = repack(ctx, _searches(ctx, tiers, best, piece, prices, False))
+    if best.layout.rank.size <= REPACK_SHARDS:
+        alt = repack(ctx, _searches(ctx, tiers, best, piece, prices, True))
+        if better(alt, out):
+            out = alt
+    return out
+
+
+def _searches(ctx: PlanContext, tiers: TierAssignment, best: Solution, piece: float,
+              prices: dict, pack: bool) -> Solution:
     choice = choice_of(ctx, best)
     dp = choice == ctx.dp_col
     groups = ctx.W > ctx.Lw
 
     def full(ch: np.ndarray, tiers: TierAssignment) -> Solution:
         sol = _place(ctx, ch, dp, tiers)
-        return improve(ctx, sol, groups=True) if groups else sol
+        sol = improve(ctx, sol, groups=True) if groups else sol
+        return repack(ctx, sol, fits=(True,)) if pack else sol
 
     def around(sol: Solution, ch: np.ndarray, tiers: TierAssignment, tabs: list[int]) -> Solution:
         lay = sol.layout
@@ -204,8 +224,6 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Soluti
         other = full(ch, tiers)
         return other if better(other, new) else new
 
-    piece = largest_piece(ctx, tiers.cache_fraction)
-    prices = tier_prices(ctx, tiers.cache_fraction)  # the same for both searches
     out = best
     for evaluate, patient in (((lambda s, ch, t, tab: full(ch, t)), False), (around, True)):
         sol, ch, new_tiers = reoption(ctx, tiers, best, choice, piece, prices, evaluate,

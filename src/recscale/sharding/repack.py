@@ -30,7 +30,8 @@ ROUNDS = 10
 GAIN = 1e-3
 
 
-def repack(ctx: PlanContext, sol: Solution) -> Solution:
+def repack(ctx: PlanContext, sol: Solution, rounds: int = 0,
+           fits: tuple[bool, ...] = (False, True)) -> Solution:
     lay = sol.layout
     W = ctx.W
     if W < 2 or lay.rank.size == 0:
@@ -41,10 +42,10 @@ def repack(ctx: PlanContext, sol: Solution) -> Solution:
     top = np.array([lay.cost[s:e].max() for _, s, e in (lay.groups[g] for g in movable)])
     order = [movable[i] for i in np.lexsort((np.arange(len(movable)), -top))]
     best = sol
-    for first_fit in (False, True):
+    for first_fit in fits:
         lo, hi = float(max(sol.load.mean(), top.max())), float(sol.load.max())
         packed = None
-        for _ in range(ROUNDS):
+        for _ in range(rounds or ROUNDS):
             if hi <= lo * (1 + GAIN):
                 break
             target = (lo + hi) / 2
@@ -65,25 +66,26 @@ def _pack(ctx: PlanContext, sol: Solution, order: list[int], target: float,
     """The groups ``order`` taken off their ranks and packed again under ``target``; None
     where one does not fit."""
     lay = sol.layout
+    cost, need = lay.cost, lay.need
     load, free, occ = sol.load.copy(), sol.free.copy(), sol.occ.copy()
     rank = lay.rank.copy()
+    moved = np.concatenate([np.arange(lay.groups[gi][1], lay.groups[gi][2]) for gi in order])
+    np.add.at(load, rank[moved], -cost[moved])
+    np.add.at(free.T, rank[moved], need[moved])
+    np.add.at(occ, (lay.table[moved], rank[moved]), -1)
     for gi in order:
         tab, s, e = lay.groups[gi]
-        np.add.at(load, rank[s:e], -lay.cost[s:e])
-        np.add.at(free.T, rank[s:e], lay.need[s:e])
-        np.add.at(occ[tab], rank[s:e], -1)
-    for gi in order:
-        tab, s, e = lay.groups[gi]
-        shards = s + np.lexsort((np.arange(e - s), -lay.cost[s:e]))
+        shards = s + np.lexsort((np.arange(e - s), -cost[s:e]))
         if lay.host_bound[s]:
-            ranks = _host_group(ctx, lay, shards, load, free, target, first_fit)
+            ranks = _host_group(ctx, cost, need, shards, load, free, target, first_fit)
         else:
-            ranks = _spread_group(lay, shards, occ[tab] > 0, load, free, target, first_fit)
+            ranks = _spread_group(cost, need, shards, occ[tab] > 0, load, free, target,
+                                  first_fit)
         if ranks is None:
             return None
-        # (the shards of one group are on distinct ranks: none sees another's load)
-        np.add.at(load, ranks, lay.cost[shards])
-        np.add.at(free.T, ranks, -lay.need[shards])
+        # the shards of one group are on distinct ranks: plain indexed updates suffice
+        load[ranks] += cost[shards]
+        free[:, ranks] -= need[shards].T
         rank[shards] = ranks
         occ[tab, ranks] += 1
     new = replace(lay, rank=rank)
@@ -91,15 +93,17 @@ def _pack(ctx: PlanContext, sol: Solution, order: list[int], target: float,
                      sol.dp_storage, sol.cache_fraction, free, occ)
 
 
-def _spread_group(lay, shards: np.ndarray, taken: np.ndarray, load: np.ndarray,
-                  free: np.ndarray, target: float, first_fit: bool) -> np.ndarray | None:
+def _spread_group(cost: np.ndarray, need: np.ndarray, shards: np.ndarray, taken: np.ndarray,
+                  load: np.ndarray, free: np.ndarray, target: float,
+                  first_fit: bool) -> np.ndarray | None:
     """A rank for each shard (largest first) with room under ``target``, no two on one rank
     and none on a rank holding the table already (``taken``), or None."""
     taken = taken.copy()
     ranks = np.empty(shards.size, dtype=np.int64)
     for i, x in enumerate(shards):
-        ok = ~taken & (load + lay.cost[x] <= target)
-        ok &= np.all(free >= lay.need[x][:, None] - 1e-6, axis=0)
+        ok = ~taken & (load + cost[x] <= target)
+        for t in np.flatnonzero(need[x] > 0):
+            ok &= free[t] >= need[x, t] - 1e-6
         cand = np.flatnonzero(ok)
         if cand.size == 0:
             return None
@@ -109,31 +113,39 @@ def _spread_group(lay, shards: np.ndarray, taken: np.ndarray, load: np.ndarray,
     return ranks
 
 
-def _host_group(ctx: PlanContext, lay, shards: np.ndarray, load: np.ndarray, free: np.ndarray,
-                target: float, first_fit: bool) -> np.ndarray | None:
-    """Ranks on one host for a host-bound group's shards (largest first), or None."""
+def _host_group(ctx: PlanContext, cost: np.ndarray, need: np.ndarray, shards: np.ndarray,
+                load: np.ndarray, free: np.ndarray, target: float,
+                first_fit: bool) -> np.ndarray | None:
+    """Ranks on one host for a host-bound group's shards (largest first), or None: every host
+    is filled at once (hosts x ranks arrays); the first host that takes them all (first fit) or
+    the one they leave least slack on (best fit)."""
     Lw = ctx.Lw
-    best: tuple[float, np.ndarray] | None = None
-    for h in range(ctx.W // Lw):
-        ranks = np.arange(h * Lw, (h + 1) * Lw)
-        ld, fr = load[ranks].copy(), free[:, ranks].copy()
-        used = np.zeros(Lw, dtype=bool)
-        got = np.empty(shards.size, dtype=np.int64)
-        for i, x in enumerate(shards):
-            ok = ~used & (ld + lay.cost[x] <= target)
-            ok &= np.all(fr >= lay.need[x][:, None] - 1e-6, axis=0)
-            cand = np.flatnonzero(ok)
-            if cand.size == 0:
-                break
-            j = int(cand[0] if first_fit else cand[np.argmax(ld[cand])])
-            used[j] = True
-            ld[j] += lay.cost[x]
-            fr[:, j] -= lay.need[x]
-            got[i] = ranks[j]
+    H = ctx.W // Lw
+    ld = load.reshape(H, Lw).copy()
+    fr = free.reshape(3, H, Lw).copy()
+    used = np.zeros((H, Lw), dtype=bool)
+    alive = np.ones(H, dtype=bool)
+    got = np.zeros((H, shards.size), dtype=np.int64)
+    hosts = np.arange(H)
+    for i, x in enumerate(shards):
+        ok = ~used & (ld + cost[x] <= target)
+        for t in np.flatnonzero(need[x] > 0):
+            ok &= fr[t] >= need[x, t] - 1e-6
+        alive &= ok.any(axis=1)
+        if not alive.any():
+            return None
+        if first_fit:
+            j = np.argmax(ok, axis=1)
         else:
-            if first_fit:
-                return got
-            slack = float((target - ld[used]).sum())
-            if best is None or slack < best[0]:
-                best = (slack, got)
-    return None if best is None else best[1]
+            j = np.argmax(np.where(ok, ld, -np.inf), axis=1)
+        j = np.where(alive, j, 0)
+        used[hosts, j] |= alive
+        ld[hosts, j] += np.where(alive, cost[x], 0.0)
+        fr[:, hosts, j] -= np.where(alive, need[x][:, None], 0.0)
+        got[:, i] = hosts * Lw + j
+    if first_fit:
+        h = int(np.argmax(alive))
+    else:
+        slack = np.where(used, target - ld, 0.0).sum(axis=1)
+        h = int(np.argmin(np.where(alive, slack, np.inf)))
+    return got[h]
