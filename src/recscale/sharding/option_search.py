@@ -93,12 +93,7 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
             break
         rnd = _Round(best, choice, tiers, attempt)
         cands = _candidates(ctx, prices, tiers, best, choice)
-        for _, tab, j, t, cf in cands:
-            # the most promising few (``patient``: more while none has helped)
-            if rnd.n >= budget or (rnd.n >= PLACED_PER_ROUND
-                                   and (rnd.improved is not None or not patient)):
-                break
-            rnd.trial([(tab, j, t, cf)])
+        rnd.singles(cands, budget, patient)
         if rnd.improved is None and patient:
             # two tables at once: the best candidates of the two first tables together (a
             # table's pieces may fit a tier only once another table leaves it)
@@ -114,10 +109,7 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
                             rnd.trial([a, b])
         if rnd.improved is None:
             # the table that fills the memory of ranks below the mean, finer or lower
-            for _, tab, j, t, cf in _candidates(ctx, prices, tiers, best, choice, hog=True):
-                if rnd.n >= budget or rnd.n >= PLACED_PER_ROUND and rnd.improved is not None:
-                    break
-                rnd.trial([(tab, j, t, cf)])
+            rnd.singles(_candidates(ctx, prices, tiers, best, choice, hog=True), budget, True)
         budget -= rnd.n
         if rnd.improved is None:
             break
@@ -134,6 +126,16 @@ class _Round:
         self.best, self.choice, self.tiers, self.attempt = best, choice, tiers, attempt
         self.n = 0
         self.improved: tuple[Solution, np.ndarray, TierAssignment] | None = None
+
+    def singles(self, cands: list[tuple[float, int, int, int, float]], budget: int,
+                patient: bool) -> None:
+        """Each candidate alone, most promising first, until ``budget`` placements or
+        ``PLACED_PER_ROUND`` of them (``patient``: and one has helped)."""
+        for _, tab, j, t, cf in cands:
+            if self.n >= budget or (self.n >= PLACED_PER_ROUND
+                                    and (self.improved is not None or not patient)):
+                break
+            self.trial([(tab, j, t, cf)])
 
     def trial(self, changes: list[tuple[int, int, int, float]]) -> None:
         out = self.attempt(changes, self.best, self.choice, self.tiers)
