@@ -14,7 +14,8 @@ No plan's slowest rank costs less than
   ...), or, larger where tables split over every rank put a floor under every rank, a piece plus
   the floor of the tables that cannot be cut that small, or, larger where a table's smaller
   pieces cost more in all, the least over its options of the larger of the option's piece and
-  the mean rank cost it implies.
+  the mean rank cost it implies, or the same for every table at once (``least_target``: a target
+  T, every table's cheapest option with pieces of at most T, the mean those imply).
 
 The piece assumes the compute tier (slower tiers only cost more). Both use the cost model's terms,
 so they bound the planner's own estimate, not measured time; I/O buffers are left out of memory
@@ -85,7 +86,7 @@ def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
 
 def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct: int,
                 usable: dict[int, float], cache_fraction: float,
-                granularity: int) -> tuple[float, int, float]:
+                granularity: int, at_once: bool = True) -> tuple[float, int, float]:
     """(seconds, table, floor): no plan's slowest rank costs less than the larger of
 
     - the costliest table's smallest piece (each table's most finely split option), and
@@ -96,7 +97,9 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
     - for each table, the least over its options of the larger of the option's widest piece and
       the mean rank cost if it takes that option and every other table its cheapest (a finer
       option that makes smaller pieces often costs more in all: its pieces cannot be had
-      without that mean); and
+      without that mean); and the same for every table at once: the least over a target T
+      of the larger of T and the mean rank cost when every table takes its cheapest option
+      whose widest piece is at most T (``least_target``; ``at_once=False`` leaves it out); and
     - for pairs of the ``PAIR_TABLES`` tables with the largest such bounds, the least over both
       tables' options of the same with both options' pieces and totals, and, where the two
       options have more pieces together than there are ranks, a narrowest piece of each on one
@@ -168,6 +171,10 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
     i = int(np.argmax(with_mean))
     if with_mean[i] > best[0]:
         best = (float(with_mean[i]), i, 0.0)
+    if at_once:
+        v, i = least_target(piece, total, W)
+        if v > best[0]:
+            best = (v, i, 0.0)
     # pairs of the tables with the largest such bounds: options with more pieces together than
     # ranks put a piece of each on some rank
     top = np.lexsort((np.arange(n), -with_mean))[:PAIR_TABLES]
@@ -183,6 +190,39 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
             if v > best[0]:
                 best = (v, int(a), 0.0)
     return best
+
+
+def least_target(piece: np.ndarray, total: np.ndarray, W: int) -> tuple[float, int]:
+    """(seconds, table): the least over a target T of max(T, the mean rank cost when every
+    table takes its cheapest option whose widest piece is at most T), and the table whose
+    option changes at that T. Each table's least total over options with pieces up to T
+    falls in steps as T grows; the sum is swept over those steps."""
+    ok = np.isfinite(piece) & np.isfinite(total)
+    has = ok.any(axis=1)
+    if not has.any():
+        return 0.0, 0
+    P = np.where(ok, piece, np.inf)[has]
+    C = np.where(ok, total, np.inf)[has]
+    idx = np.argsort(P, axis=1, kind="stable")
+    Ps = np.take_along_axis(P, idx, axis=1)
+    least = np.minimum.accumulate(np.take_along_axis(C, idx, axis=1), axis=1)
+    t0 = float(Ps[:, 0].max())  # below it some table has no option at all
+    at0 = np.sum(Ps <= t0, axis=1) - 1
+    rows = np.arange(P.shape[0])
+    base = float(least[rows, at0].sum())
+    prev = np.concatenate([np.full((P.shape[0], 1), np.inf), least[:, :-1]], axis=1)
+    step = (Ps > t0) & np.isfinite(Ps) & (least < prev)
+    r, c = np.nonzero(step)
+    T = Ps[r, c]
+    order = np.lexsort((r, T))
+    drop = (least[r, c] - prev[r, c])[order]
+    Ts = np.concatenate([[t0], T[order]])
+    sums = base + np.concatenate([[0.0], np.cumsum(drop)])
+    v = np.maximum(Ts, sums / W)
+    k = int(np.argmin(v))
+    tables = np.flatnonzero(has)
+    tab = int(tables[np.argmax(Ps[:, 0])]) if k == 0 else int(tables[r[order][k - 1]])
+    return float(v[k]), tab
 
 
 def _spread(cost: np.ndarray, nbytes: np.ndarray, topo: Topology, tiers: list[int], ct: int,
