@@ -15,7 +15,7 @@ import recscale.sharding.partition as partition
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.sharding.bounds import least_target, lower_bound, plan_lower_bound
 from recscale.sharding.types import PlannerOptions
-from tests.unit.test_sharding_properties import small_mix
+from tests.unit.test_sharding_properties import plan_of, small_mix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_balance as bb  # noqa: E402
@@ -59,12 +59,11 @@ def test_a_coarser_option_removes_the_row_wise_floor_and_reaches_the_bound(monke
     assert {t.name: t.sharding_type for t in plan.tables}["t0009"] == "table_row_wise"
 
 
-@pytest.mark.parametrize("seed", range(0, 40, 3))
+@pytest.mark.parametrize("seed", range(0, 40, 6))
 def test_the_search_never_raises_the_slowest_rank(seed, monkeypatch):
     tables, topo, opts = small_mix(seed)
-    try:
-        plan = plan_sharding(tables, topo, 256, opts)
-    except Exception:  # a refusal is the same with or without the search (tiers come first)
+    plan = plan_of(seed, "balanced")  # the property tests' plan of this mix (planned once)
+    if isinstance(plan, Exception):  # a refusal is the same with or without the search
         return
     _without_search(monkeypatch)
     before = plan_sharding(tables, topo, 256, opts)
@@ -159,9 +158,10 @@ def test_a_table_whose_cache_hbm_cannot_hold_is_tried_below_without_one(monkeypa
 def test_two_tables_change_together_where_neither_helps_alone(monkeypatch):
     """bench_balance's seed 112 (30 tables, 48 zionex ranks): no single option change lowers the
     slowest rank at the end of the search; the best candidates of its two first tables together
-    do (1.3% lower)."""
+    do (1.3% lower). (Without the rocks-and-sand starts, whose search ends lower still.)"""
     import recscale.sharding.option_search as option_search
 
+    monkeypatch.setattr(partition, "ROCKS", ())
     m = bb.draw_mix(112)
     plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
     monkeypatch.setattr(option_search, "PAIR_CANDIDATES", 0)

@@ -25,7 +25,9 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
 6. steps 3-5 run from several starts (each ``split_fraction`` against the mean of all load and of
    the load placement can still move, plus all tables whole); ``proposals.split_dominant`` refines
    the two best by splitting the costliest table on the ranks above the mean and re-placing while
-   the maximum drops;
+   the maximum drops; ``ROCKS`` starts (``proposals.rocks_and_sand``: every piece near a rank or
+   small, against a target from the bound) are searched on their own (steps 6-7) where their
+   best start is as good as the others', and the better end kept;
 7. on more than one host, the best plan's host-bound groups (table_row_wise, table_column_wise)
    are moved whole between hosts or swapped (``local_search.improve(groups=True)``); on more
    than one rank, ``option_search.reoption`` then tries other options and tiers, coarser as
@@ -43,7 +45,12 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
    spread over every rank move one tier down to make room, and steps 3-7 run once more on those
    tiers; the better plan is kept;
-8. if no start packs, everything is retried with a lower aggregate fill (more spilled).
+8. if no start packs, everything is retried with a lower aggregate fill (more spilled);
+9. tiers and splitting together, on plans of at most ``CACHE_SHARDS`` shards with tables spilled:
+   the next ``CACHE_TRIES`` cache fractions by estimate (``tiering.tier_choices``) are planned
+   too (steps 3-7 without ``_promote`` or the packed option search) and the fastest plan kept
+   (``_other_caches``): the estimate counts lookup time in total and cannot see that a large
+   cache leaves the compute tier too full per rank for a hot table.
 
 Baselines (``strategy``): "greedy" and "round_robin" place whole tables (row-wise only for tables
 too large for one rank) by LPT or in table order, with the same cost model, tiers and capacities,
@@ -61,11 +68,17 @@ from .context import PlanContext
 from .local_search import improve
 from .option_grid import TableArrays
 from .option_search import choice_of, largest_piece, reoption, tier_prices
-from .proposals import price_options, select, split_dominant
+from .proposals import OptionPrices, price_options, rocks_and_sand, select, split_dominant
 from .rank_placement import place
 from .repack import repack
 from .shards import Solution, better, build_layout, replace_table
-from .tiering import TierAssignment, assign_tiers, choose_data_parallel, only_data_parallel
+from .tiering import (
+    TierAssignment,
+    assign_tiers,
+    choose_data_parallel,
+    only_data_parallel,
+    tier_choices,
+)
 from .topology import Topology
 from .types import PlannerError, PlannerOptions
 
@@ -76,6 +89,14 @@ REPACK_SHARDS = 600
 # per-rank packing of shards of different sizes; if packing still fails, planning is retried with
 # the next, lower fill (more spilled to lower tiers).
 TIER_FILLS = (0.95, 0.85, 0.7)
+# Starts whose pieces are rocks or sand (``proposals.rocks_and_sand``): (target over the bound's
+# least target, the share of the target from which a piece is a rock).
+ROCKS = ((1.0, 0.6), (1.06, 0.75))
+# Plans of at most this many shards, with tables spilled below the compute tier, are also planned
+# with the ``CACHE_TRIES`` next cache fractions' tier assignments (``_other_caches``).
+CACHE_SHARDS = 600
+CACHE_TRIES = 3
+CACHE_RETIER, CACHE_PACKED = 0, False
 # Rounds of ``_promote`` (a slow-tier table that cannot spread, one tier up; tables that spread
 # over every rank, down) after the search, each a full search on the new tiers.
 RETIER_ROUNDS = 1
@@ -91,20 +112,25 @@ def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
     first_error: PlannerError | None = None
     for fill in TIER_FILLS:
         try:
-            tiers = _tiers(ctx, is_dp, fill)
+            choices = _tiers(ctx, is_dp, fill)
         except PlannerError:
             if first_error is not None:
                 raise first_error from None
             raise
         try:
-            return _partition(ctx, is_dp, tiers)
+            best = _partition(ctx, is_dp, choices[0])
         except PlannerError as exc:
             first_error = first_error or exc
+            continue
+        if opts.strategy == "balanced" and best.layout.rank.size <= CACHE_SHARDS:
+            best = _other_caches(ctx, is_dp, best, choices[1:CACHE_TRIES + 1])
+        return best
     assert first_error is not None
     raise first_error
 
 
-def _tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float) -> TierAssignment:
+def _tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float) -> list[TierAssignment]:
+    """The tier assignments to plan, the estimated best first (``tiering.tier_choices``)."""
     first = assign_tiers(ctx, is_dp, fill)
     # Re-tier once with the I/O buffers of the options actually chosen (row-wise shards keep
     # partial sums of the global batch, far more than a table-wise estimate).
@@ -112,7 +138,24 @@ def _tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float) -> TierAssignment:
     io = 0.0
     for f in _fractions(ctx.opts):
         io = max(io, select(ctx, prices, is_dp, f).io_bytes)
-    return assign_tiers(ctx, is_dp, fill, io)
+    return tier_choices(ctx, is_dp, fill, io)
+
+
+def _other_caches(ctx: PlanContext, is_dp: np.ndarray, best: Solution,
+                  choices: list[TierAssignment]) -> Solution:
+    """Tier and split decisions together: the next cache fractions' assignments (fewer or more
+    tables spilled, smaller or larger caches), each planned in full, the best plan kept. The
+    estimate that ranks them counts lookup time in total; a large cache can leave the compute
+    tier too full to pack per rank, so placement demotes and the plan is lumpier than its
+    estimate."""
+    for tiers in choices:
+        try:
+            sol = _partition(ctx, is_dp, tiers, CACHE_RETIER, CACHE_PACKED)
+        except PlannerError:
+            continue
+        if better(sol, best):
+            best = sol
+    return best
 
 
 def _fractions(opts: PlannerOptions) -> tuple[float, ...]:
@@ -120,7 +163,7 @@ def _fractions(opts: PlannerOptions) -> tuple[float, ...]:
 
 
 def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
-               retier: int = RETIER_ROUNDS) -> Solution:
+               retier: int = RETIER_ROUNDS, packed: bool = True, rocks: bool = True) -> Solution:
     prices = price_options(ctx, tiers.tier, tiers.cache)
     results: list[tuple[Solution, np.ndarray]] = []
     tried: list[np.ndarray] = []
@@ -146,16 +189,62 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
             results.append((_place(ctx, choice, dp, tiers), choice))
         except PlannerError as exc:  # this start does not pack; others may
             error = error or exc
-    if not results:
+    rocky: list[tuple[Solution, np.ndarray]] = []
+    for grow, rock in ROCKS if rocks and balanced and ctx.W > 1 else ():
+        # rocks and sand: pieces near a rank each or small, none in between
+        choice = rocks_and_sand(ctx, prices, is_dp, grow, rock)
+        if any(np.array_equal(choice, ch) for ch in tried):
+            continue
+        tried.append(choice)
+        try:
+            rocky.append((_place(ctx, choice, is_dp, tiers), choice))
+        except PlannerError as exc:
+            error = error or exc
+    if not results and not rocky:
         assert error is not None
         raise error
-    # best first (lowest maximum; among equal maxima the evener plan; then the earlier start)
+    # each kind of start searched on its own (the search is greedy, so the better start need
+    # not end better); the rocks only where their best start is as good as the others'
+    ends = []
+    if results:
+        ends.append(_refine(ctx, tiers, prices, results, packed))
+    if rocky and (not results or not better(_first(results), _first(rocky))):
+        ends.append(_refine(ctx, tiers, prices, rocky, packed))
+    if balanced and retier > 0 and ctx.W > ctx.Lw:
+        # promoted from the first end (the others' starts only add ends to choose from)
+        new_tiers = _promote(ctx, tiers, ends[0])
+        if new_tiers is not None:
+            try:
+                ends.append(_partition(ctx, is_dp, new_tiers, retier - 1, packed, rocks))
+            except PlannerError:
+                pass
+    best = ends[0]
+    for sol in ends[1:]:
+        if better(sol, best):
+            best = sol
+    return best
+
+
+def _order(results: list[tuple[Solution, np.ndarray]]) -> list[int]:
+    """Best first (lowest maximum; among equal maxima the evener plan; then the earlier start)."""
     order = list(range(len(results)))
     for i in range(1, len(order)):  # insertion sort with the tolerant comparison
         j = i
         while j > 0 and better(results[order[j]][0], results[order[j - 1]][0]):
             order[j - 1], order[j] = order[j], order[j - 1]
             j -= 1
+    return order
+
+
+def _first(results: list[tuple[Solution, np.ndarray]]) -> Solution:
+    return results[_order(results)[0]][0]
+
+
+def _refine(ctx: PlanContext, tiers: TierAssignment, prices: OptionPrices,
+            results: list[tuple[Solution, np.ndarray]], packed: bool) -> Solution:
+    """Stages 6-7 from the placed starts ``results`` ((plan, choice) each)."""
+    balanced = ctx.opts.strategy == "balanced"
+    order = _order(results)
     best = results[order[0]][0]
     if balanced:
         # refine the two best starting points; keep the overall best
@@ -171,20 +260,12 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         # search compared is the one it compared before, and this can only lower the maximum)
         best = improve(ctx, best, groups=True)
     if balanced and ctx.W > 1:
-        best = _reoption(ctx, tiers, best)
-    if balanced and retier > 0 and ctx.W > ctx.Lw:
-        new_tiers = _promote(ctx, tiers, best)
-        if new_tiers is not None:
-            try:
-                sol = _partition(ctx, is_dp, new_tiers, retier - 1)
-            except PlannerError:
-                sol = None
-            if sol is not None and better(sol, best):
-                best = sol
+        best = _reoption(ctx, tiers, best, packed)
     return best
 
 
-def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Solution:
+def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution,
+              packed: bool = True) -> Solution:
     """Stage 6b (``option_search.reoption``) on the best plan: other options, finer or coarser,
     for the tables on the slowest rank. Two searches, the better kept (each greedy, so each can
     end where the other does not): every candidate placed from scratch as the starts were; and
@@ -197,7 +278,7 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution) -> Soluti
     piece = largest_piece(ctx, tiers.cache_fraction)
     prices = tier_prices(ctx, tiers.cache_fraction)  # the same for every search
     out = repack(ctx, _searches(ctx, tiers, best, piece, prices, False))
-    if best.layout.rank.size <= REPACK_SHARDS:
+    if packed and best.layout.rank.size <= REPACK_SHARDS:
         alt = repack(ctx, _searches(ctx, tiers, best, piece, prices, True))
         if better(alt, out):
             out = alt

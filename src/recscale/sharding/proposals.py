@@ -21,10 +21,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .bounds import least_target
 from .context import INF, OptionCosts, PlanContext, option_costs
 from .cost import DP, RW, TW
 from .shards import Solution, better
 from .types import SHARDING_TYPES, PlannerError
+
+# Pieces of at most this share of the target are sand (``rocks_and_sand``).
+SAND = 0.2
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,30 @@ def select(ctx: PlanContext, prices: OptionPrices, is_dp: np.ndarray, split_frac
             "allow another sharding type",
             table=name, suggestions=("allow another sharding type",))
     return Proposal(choice, io)
+
+
+def rocks_and_sand(ctx: PlanContext, prices: OptionPrices, is_dp: np.ndarray, grow: float,
+                   rock: float, sand: float = SAND) -> np.ndarray:
+    """Option per table for a target T: ``grow`` x the least over T of max(T, the mean when
+    every table takes its cheapest option with pieces of at most T) (``bounds.least_target``).
+    Each table takes its cheapest option whose pieces are at most T and either rocks (at least
+    ``rock`` x T: nearly a rank each) or sand (at most ``sand`` x T: they fill what the rocks
+    leave), else its cheapest with pieces of at most T. Pieces of a third to a half of a rank,
+    two or three a rank, are what leaves ranks lumpy where tables are few per rank."""
+    oc, base = prices.costs, prices.base
+    mx = np.where(base, oc.max, INF)
+    tot = np.where(base, oc.total, INF)
+    dp = ctx.dp_col
+    mx[is_dp], tot[is_dp] = INF, INF
+    mx[is_dp, dp], tot[is_dp, dp] = oc.max[is_dp, dp], oc.total[is_dp, dp]
+    T = grow * least_target(mx, tot, ctx.W)[0]
+    under = mx <= T * (1 + 1e-12)
+    ok = under & ((mx <= sand * T) | (mx >= rock * T))
+    pick = np.where(ok.any(axis=1), _argmin_tie(np.where(ok, tot, INF), np.where(ok, mx, INF)),
+                    _argmin_tie(np.where(under, tot, INF), np.where(under, mx, INF)))
+    fallback = _argmin_tie(np.where(base, mx, INF), np.where(base, tot, INF))
+    choice = np.where(under.any(axis=1), pick, fallback)
+    return np.where(is_dp, dp, choice)
 
 
 def _argmin_tie(primary: np.ndarray, secondary: np.ndarray) -> np.ndarray:

@@ -71,6 +71,14 @@ def assign_tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float,
                  io_bytes: float | None = None) -> TierAssignment:
     """Tier per table and the cache fraction. ``io_bytes``: compute-tier I/O buffers of all
     sharded tables (default: as if every table were table-wise)."""
+    return tier_choices(ctx, is_dp, fill, io_bytes)[0]
+
+
+def tier_choices(ctx: PlanContext, is_dp: np.ndarray, fill: float,
+                 io_bytes: float | None = None) -> list[TierAssignment]:
+    """Every cache fraction's tier assignment that fits, least estimated lookup time first
+    (``assign_tiers`` takes the first; the estimate is a total, blind to how evenly each
+    packs, so the planner may try the others)."""
     t, m, g = ctx.tables, ctx.model, ctx.grid
     W = ctx.W
     storage = m.storage_bytes(t.N, t.D)
@@ -103,7 +111,7 @@ def assign_tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float,
 
     opts = ctx.opts
     candidates = CACHE_CANDIDATES if opts.cache_fraction is None else (0.0, opts.cache_fraction)
-    best = None
+    fits: list[tuple[float, float, np.ndarray]] = []
     first_failure = None
     cache_overflow = None
     for c in candidates:
@@ -139,14 +147,13 @@ def assign_tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float,
             continue
         spilled = (tier_c != ctx.ct) & ~is_dp
         if not spilled.any():
-            return _assignment(ctx, tier_c, 0.0)
+            return [_assignment(ctx, tier_c, 0.0)]
         spb = m.seconds_per_byte(tier_c, np.where(spilled, c, 0.0))
         est = float((lookup * spb)[~is_dp].sum())
         if c == 0 and opts.cache_fraction:
             continue  # the user asked for a cache fraction; 0 was only a feasibility probe
-        if best is None or est < best[0]:
-            best = (est, c, tier_c)
-    if best is None and opts.cache_fraction and cache_overflow is not None:
+        fits.append((est, c, tier_c))
+    if not fits and opts.cache_fraction and cache_overflow is not None:
         c = opts.cache_fraction
         need = c * tot_bytes
         have = totals[ctx.ct]
@@ -156,10 +163,11 @@ def assign_tiers(ctx: PlanContext, is_dp: np.ndarray, fill: float,
             f"{gb(tot_bytes)} of tables but only {gb(have)} is usable there on {W} ranks; "
             "to fit, use " + " or ".join(sug),
             table=None, bytes_needed=need, capacity=have, suggestions=sug)
-    if best is None:
+    if not fits:
         i, remaining = first_failure if first_failure else (int(np.argmax(storage)), 0.0)
         _raise_capacity(ctx, int(i), storage, is_dp, remaining, fill, reserved)
-    return _assignment(ctx, best[2], best[1])
+    order = sorted(range(len(fits)), key=lambda k: (fits[k][0], k))  # ties: the candidate order
+    return [_assignment(ctx, fits[k][2], fits[k][1]) for k in order]
 
 
 def _assignment(ctx: PlanContext, tier: np.ndarray, c: float) -> TierAssignment:
