@@ -25,8 +25,9 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
 6. steps 3-5 run from several starts (each ``split_fraction`` against the mean of all load and of
    the load placement can still move, plus all tables whole); ``proposals.split_dominant`` refines
    the two best by splitting the costliest table on the ranks above the mean and re-placing while
-   the maximum drops; ``ROCKS`` starts (``proposals.rocks_and_sand``: every piece near a rank or
-   small, against a target from the bound) are searched on their own (steps 6-7) where their
+   the maximum drops; with at most ``ROCKS_TABLES_PER_RANK`` sharded tables per rank, ``ROCKS``
+   starts (``proposals.rocks_and_sand``: every piece near a rank or small, against a target from
+   the bound) are searched on their own (steps 6-7) where their
    best start is as good as the others', and the better end kept;
 7. on more than one host, the best plan's host-bound groups (table_row_wise, table_column_wise)
    are moved whole between hosts or swapped (``local_search.improve(groups=True)``); on more
@@ -46,7 +47,8 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    spread over every rank move one tier down to make room, and steps 3-7 run once more on those
    tiers; the better plan is kept;
 8. if no start packs, everything is retried with a lower aggregate fill (more spilled);
-9. tiers and splitting together, on plans of at most ``CACHE_SHARDS`` shards with tables spilled:
+9. tiers and splitting together, on plans of at most ``CACHE_SHARDS`` shards with tables spilled
+   whose slowest rank is above ``CACHE_UNEVEN`` x the mean:
    the next ``CACHE_TRIES`` cache fractions by estimate (``tiering.tier_choices``) are planned
    too (steps 3-7 without ``_promote`` or the packed option search) and the fastest plan kept
    (``_other_caches``): the estimate counts lookup time in total and cannot see that a large
@@ -92,10 +94,13 @@ TIER_FILLS = (0.95, 0.85, 0.7)
 # Starts whose pieces are rocks or sand (``proposals.rocks_and_sand``): (target over the bound's
 # least target, the share of the target from which a piece is a rock).
 ROCKS = ((1.0, 0.6), (1.06, 0.75))
+# ... where there are at most this many sharded tables per rank (with more, pieces even out).
+ROCKS_TABLES_PER_RANK = 3
 # Plans of at most this many shards, with tables spilled below the compute tier, are also planned
 # with the ``CACHE_TRIES`` next cache fractions' tier assignments (``_other_caches``).
 CACHE_SHARDS = 600
 CACHE_TRIES = 3
+CACHE_UNEVEN = 1.01  # ... when the first plan's slowest rank is above this x the mean
 CACHE_RETIER, CACHE_PACKED = 0, False
 # Rounds of ``_promote`` (a slow-tier table that cannot spread, one tier up; tables that spread
 # over every rank, down) after the search, each a full search on the new tiers.
@@ -122,7 +127,9 @@ def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
         except PlannerError as exc:
             first_error = first_error or exc
             continue
-        if opts.strategy == "balanced" and best.layout.rank.size <= CACHE_SHARDS:
+        if (opts.strategy == "balanced" and best.layout.rank.size <= CACHE_SHARDS
+                and best.load.max() > CACHE_UNEVEN * best.load.mean()):
+            # a balanced plan's maximum is its mean, which the estimate already minimised
             best = _other_caches(ctx, is_dp, best, choices[1:CACHE_TRIES + 1])
         return best
     assert first_error is not None
@@ -190,7 +197,8 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         except PlannerError as exc:  # this start does not pack; others may
             error = error or exc
     rocky: list[tuple[Solution, np.ndarray]] = []
-    for grow, rock in ROCKS if rocks and balanced and ctx.W > 1 else ():
+    few = int((~is_dp).sum()) <= ROCKS_TABLES_PER_RANK * ctx.W
+    for grow, rock in ROCKS if rocks and balanced and ctx.W > 1 and few else ():
         # rocks and sand: pieces near a rank each or small, none in between
         choice = rocks_and_sand(ctx, prices, is_dp, grow, rock)
         if any(np.array_equal(choice, ch) for ch in tried):
