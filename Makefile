@@ -44,7 +44,7 @@ bench-preprocess: install system-packages
 test: install system-packages airflow
 	$(BIN)/python -m pytest
 
-# the unit tests alone (no processes, no training runs, no Spark): about a minute and a half
+# the unit tests alone (no processes, no training runs, no Spark): about two minutes
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 
