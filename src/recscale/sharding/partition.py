@@ -170,7 +170,7 @@ def _fractions(opts: PlannerOptions) -> tuple[float, ...]:
 
 
 def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
-               retier: int = RETIER_ROUNDS, packed: bool = True, rocks: bool = True) -> Solution:
+               retier: int = RETIER_ROUNDS, packed: bool = True) -> Solution:
     prices = price_options(ctx, tiers.tier, tiers.cache)
     results: list[tuple[Solution, np.ndarray]] = []
     tried: list[np.ndarray] = []
@@ -198,7 +198,7 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
             error = error or exc
     rocky: list[tuple[Solution, np.ndarray]] = []
     few = int((~is_dp).sum()) <= ROCKS_TABLES_PER_RANK * ctx.W
-    for grow, rock in ROCKS if rocks and balanced and ctx.W > 1 and few else ():
+    for grow, rock in ROCKS if balanced and ctx.W > 1 and few else ():
         # rocks and sand: pieces near a rank each or small, none in between
         choice = rocks_and_sand(ctx, prices, is_dp, grow, rock)
         if any(np.array_equal(choice, ch) for ch in tried):
@@ -223,7 +223,7 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         new_tiers = _promote(ctx, tiers, ends[0])
         if new_tiers is not None:
             try:
-                ends.append(_partition(ctx, is_dp, new_tiers, retier - 1, packed, rocks))
+                ends.append(_partition(ctx, is_dp, new_tiers, retier - 1, packed))
             except PlannerError:
                 pass
     best = ends[0]
