@@ -8,7 +8,7 @@ No plan's slowest rank costs less than
   the tiers as a linear programme would (any fraction of a table in any tier, at most
   ``memory_fraction`` of every tier's capacity over all ranks filled with weights and optimizer
   state, a slow tier's shards with a cache of ``cache_fraction`` of their bytes in the compute
-  tier), nor
+  tier, or any of several cache fractions where a plan's tables have different ones), nor
 - the largest piece (``piece_bound``): the costliest of the tables' smallest pieces (each
   table's most finely split option: row-wise over every rank, columns at the minimum width,
   ...), or, larger where tables split over every rank put a floor under every rank, a piece plus
@@ -52,7 +52,11 @@ class LowerBound:
 
 
 def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
-                options: PlannerOptions, cache_fraction: float = 0.0) -> LowerBound:
+                options: PlannerOptions, cache_fraction: float | Sequence[float] = 0.0
+                ) -> LowerBound:
+    """``cache_fraction``: the cache of a slow tier's shards, or the cache fractions a plan's
+    slow tables may take (each table any of them)."""
+    caches = _caches(cache_fraction)
     arrays = TableArrays.build(list(tables))
     grid = enumerate_options(arrays, topo, options)
     cm = CostModel(topo, batch_size, options)
@@ -61,31 +65,33 @@ def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
     n, m = grid.valid.shape
     W = topo.world_size
     N, L, F, U = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None], arrays.U[:, None]
-    total = {t: np.full((n, m), np.inf) for t in tiers}
+    # (tier, cache) settings a table may take: the compute tier without a cache, the others
+    # with any of ``caches``
+    settings = [(t, c) for t in tiers for c in ((0.0,) if t == ct else caches)]
+    total = {st: np.full((n, m), np.inf) for st in settings}
     usable = {t: topo.capacity(TIERS[t]) * options.memory_fraction for t in tiers}
     for j in range(m):
         kind, k = int(grid.kind[j]), int(grid.k[j])
         ok = grid.valid[:, j]
         shards = W if kind == DP else grid.n_shards[:, j]
         wide = cm.storage_bytes(grid.wide_rows[:, j], grid.wide_cols[:, j])
-        for t in tiers:
+        for t, c in settings:
             if kind == DP and t != ct:
                 continue  # replicas live in the compute tier
-            c = 0.0 if t == ct else cache_fraction
             mean = cm.shards(kind, N, L, F, grid.mean_rows[:, j:j + 1],
                              grid.mean_cols[:, j:j + 1], k, t, c, U).total[:, 0]
             # an option whose widest shard no rank's tier can hold is no plan's
-            total[t][:, j] = np.where(ok & (wide <= usable[t]), mean * shards, np.inf)
-    cost = np.stack([np.min(total[t], axis=1) for t in tiers], axis=1)  # (n, tiers)
-    tot = _spread(cost, cm.storage_bytes(arrays.N, arrays.D), topo, tiers, ct,
-                  options.memory_fraction, cache_fraction) / W
-    piece, i, floor = piece_bound(arrays, grid, cm, W, ct, usable, cache_fraction,
+            total[(t, c)][:, j] = np.where(ok & (wide <= usable[t]), mean * shards, np.inf)
+    cost = np.stack([np.min(total[st], axis=1) for st in settings], axis=1)  # (n, settings)
+    tot = _spread(cost, cm.storage_bytes(arrays.N, arrays.D), topo, settings, ct,
+                  options.memory_fraction) / W
+    piece, i, floor = piece_bound(arrays, grid, cm, W, ct, usable, caches,
                                   options.column_granularity)
     return LowerBound(max(tot, piece), tot, piece, tables[i].name, floor)
 
 
 def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct: int,
-                usable: dict[int, float], cache_fraction: float,
+                usable: dict[int, float], cache_fraction: float | Sequence[float],
                 granularity: int, at_once: bool = True) -> tuple[float, int, float]:
     """(seconds, table, floor): no plan's slowest rank costs less than the larger of
 
@@ -107,10 +113,12 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
 
     A shard costs what it costs in the fastest tier (``usable``: bytes per rank and tier index)
     whose rank can hold the option's widest shard, with a cache of ``cache_fraction`` below the
-    compute tier where the compute tier can hold it; options no tier can hold are left out. ``table``:
+    compute tier where the compute tier can hold it (given several: the largest it can hold, the
+    cheapest); options no tier can hold are left out. ``table``:
     the table whose piece sets the bound; ``floor``: the spread load beside it (0 when the first
     term is the larger)."""
     n, m = grid.valid.shape
+    caches = _caches(cache_fraction)
     N, L, F, U = arrays.N[:, None], arrays.L[:, None], arrays.F[:, None], arrays.U[:, None]
     piece = np.full((n, m), np.inf)  # widest shard
     least = np.full((n, m), np.inf)  # narrowest shard, options spanning every rank only
@@ -128,8 +136,9 @@ def piece_bound(arrays: TableArrays, grid: OptionGrid, cm: CostModel, W: int, ct
         ok = grid.valid[:, j] & (tier >= 0)
         tier = np.where(ok, tier, ct)[:, None]
         # a slow tier's shard has its cache in the compute tier, or none if it cannot hold it
-        c = np.where((tier == ct) | (cache_fraction * wide[:, None] > usable.get(ct, 0.0)),
-                     0.0, cache_fraction)
+        c = np.zeros((n, 1))
+        for cf in caches:  # ascending: the largest that fits
+            c = np.where((tier != ct) & (cf * wide[:, None] <= usable.get(ct, 0.0)), cf, c)
         piece[:, j] = np.where(ok, cm.shards(kind, N, L, F, grid.wide_rows[:, j:j + 1],
                                              grid.wide_cols[:, j:j + 1], k, tier, c,
                                              U).total[:, 0], np.inf)
@@ -225,24 +234,32 @@ def least_target(piece: np.ndarray, total: np.ndarray, W: int) -> tuple[float, i
     return float(v[k]), tab
 
 
-def _spread(cost: np.ndarray, nbytes: np.ndarray, topo: Topology, tiers: list[int], ct: int,
-            memory_fraction: float, cache_fraction: float) -> float:
-    """The least total cost of spreading fractions of the tables over the tiers (a linear
-    programme); the compute tier alone when everything fits there."""
+def _caches(cache_fraction: float | Sequence[float]) -> tuple[float, ...]:
+    """The distinct cache fractions, ascending."""
+    if isinstance(cache_fraction, (int, float)):
+        return (float(cache_fraction),)
+    return tuple(sorted({float(c) for c in cache_fraction})) or (0.0,)
+
+
+def _spread(cost: np.ndarray, nbytes: np.ndarray, topo: Topology,
+            settings: list[tuple[int, float]], ct: int, memory_fraction: float) -> float:
+    """The least total cost of spreading fractions of the tables over the (tier, cache)
+    ``settings`` (a linear programme); the cheapest setting per table when everything fits the
+    compute tier."""
     n, T = cost.shape
-    best = cost[:, tiers.index(ct)]
+    tiers = sorted({t for t, _ in settings})
     cap = np.array([topo.capacity(TIERS[t]) * topo.world_size * memory_fraction for t in tiers])
     if T == 1 or nbytes.sum() <= cap[tiers.index(ct)]:
-        return float(np.min(cost, axis=1).sum()) if T > 1 else float(best.sum())
+        return float(np.min(cost, axis=1).sum())
     from scipy.optimize import linprog
 
-    c = np.where(np.isfinite(cost), cost, 1e30).reshape(-1)  # x[i, t] row-major
+    c = np.where(np.isfinite(cost), cost, 1e30).reshape(-1)  # x[i, setting] row-major
     A_eq = np.kron(np.eye(n), np.ones(T))
-    A_ub = np.zeros((T, n * T))
-    for k, t in enumerate(tiers):
-        A_ub[k, k::T] = nbytes
+    A_ub = np.zeros((len(tiers), n * T))
+    for k, (t, cf) in enumerate(settings):
+        A_ub[tiers.index(t), k::T] = nbytes
         if t != ct:  # a slow tier's cache lives in the compute tier
-            A_ub[tiers.index(ct), k::T] += cache_fraction * nbytes
+            A_ub[tiers.index(ct), k::T] += cf * nbytes
     res = linprog(c, A_ub=A_ub, b_ub=cap, A_eq=A_eq, b_eq=np.ones(n), bounds=(0, 1),
                   method="highs")
     if not res.success:  # the tables do not fit at all: the planner says so itself
@@ -256,5 +273,7 @@ def plan_lower_bound(plan) -> LowerBound:
     specs = [TableSpec(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor,
                        feature_names=t.feature_names, distinct_fraction=t.distinct_fraction)
              for t in plan.tables]
+    caches = {plan.cache_fraction} | {s.cache_fraction for t in plan.tables for s in t.shards
+                                      if s.tier != plan.topology.compute_tier}
     return lower_bound(specs, plan.topology, plan.batch_size_per_rank, plan.options,
-                       plan.cache_fraction)
+                       sorted(caches))

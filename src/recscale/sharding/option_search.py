@@ -15,8 +15,9 @@ estimates the maximum each would leave (the larger of the new mean and the new f
 largest piece that does not span every rank), places the few most promising (``place``: the
 caller's evaluation; ``patient``: keep trying further candidates while none has helped, then
 the best candidates of the two first tables together; when still none helps, the options of
-the table whose shards fill the compute tier of ranks below the mean: ``_memory_hog``), and
-keeps the best if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
+the table whose shards fill the compute tier of ranks below the mean: ``_memory_hog``; then,
+where the plan has no cache, the slowest rank's tables below with a small one:
+``cache_prices``), and keeps the best if the slowest rank got faster. It stops when the slowest rank is within ``STOP`` of
 ``piece`` (the bound's largest piece, which is never below the tables' cheapest total over the
 ranks: a plan balanced at a mean far above that still searches), when no candidate helps, or
 when the budget of placements (``evaluations``, by the plan's size, so the result never depends
@@ -47,6 +48,10 @@ SHARD_BUDGET = 400_000
 MIN_EVALUATIONS, MAX_EVALUATIONS = 4, 60
 # Candidates of each of the two first tables combined when no single change helps.
 PAIR_CANDIDATES = 2
+# Cache fractions a table moved below the compute tier may take when the plan has none (nothing
+# spilled in aggregate, so tiering chose no cache, yet a table that one rank's compute tier
+# cannot hold in a cheap shape may do better below with a cache).
+NO_CACHE_TRIES = (0.05, 0.2)
 
 
 def evaluations(n_shards: int) -> int:
@@ -61,6 +66,21 @@ def tier_prices(ctx: PlanContext, cache_fraction: float) -> dict[tuple[int, floa
     c = cache_fraction
     settings = [(t, 0.0 if t == ctx.ct else c) for t in ctx.avail]
     settings += [(t, 0.0) for t in ctx.avail if t != ctx.ct and c > 0]
+    return _priced(ctx, settings)
+
+
+def cache_prices(ctx: PlanContext, cache_fraction: float) -> dict[tuple[int, float],
+                                                                   OptionPrices]:
+    """Where the plan has no cache and the user left the cache to the planner (the
+    ``cache_fraction`` option unset): every table's options priced below the compute tier with
+    each of ``NO_CACHE_TRIES`` (tried when nothing else helps). Empty otherwise."""
+    if cache_fraction > 0 or ctx.opts.cache_fraction is not None:
+        return {}
+    return _priced(ctx, [(t, cf) for t in ctx.avail if t != ctx.ct for cf in NO_CACHE_TRIES])
+
+
+def _priced(ctx: PlanContext, settings: list[tuple[int, float]]) -> dict[tuple[int, float],
+                                                                          OptionPrices]:
     return {(t, cf): price_options(ctx, np.full(ctx.n, t), np.full(ctx.n, cf))
             for t, cf in settings}
 
@@ -68,7 +88,8 @@ def tier_prices(ctx: PlanContext, cache_fraction: float) -> dict[tuple[int, floa
 def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np.ndarray,
              piece: float, prices: dict[tuple[int, float], OptionPrices],
              place: Callable[[Solution, np.ndarray, TierAssignment, list[int]], Solution],
-             patient: bool = False) -> tuple[Solution, np.ndarray, TierAssignment]:
+             patient: bool = False, cached: dict[tuple[int, float], OptionPrices] | None = None
+             ) -> tuple[Solution, np.ndarray, TierAssignment]:
     budget = evaluations(int(best.layout.rank.size))
     tried: set[bytes] = {choice.tobytes() + tiers.tier.tobytes() + tiers.cache.tobytes()}
 
@@ -110,6 +131,9 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
         if rnd.improved is None:
             # the table that fills the memory of ranks below the mean, finer or lower
             rnd.singles(_candidates(ctx, prices, tiers, best, choice, hog=True), budget, True)
+        if rnd.improved is None and cached:
+            # a plan without a cache: the tables on the slowest rank below, with a small one
+            rnd.singles(_candidates(ctx, cached, tiers, best, choice), budget, True)
         budget -= rnd.n
         if rnd.improved is None:
             break

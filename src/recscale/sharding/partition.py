@@ -69,7 +69,7 @@ import numpy as np
 from .context import PlanContext
 from .local_search import improve
 from .option_grid import TableArrays
-from .option_search import choice_of, largest_piece, reoption, tier_prices
+from .option_search import cache_prices, choice_of, largest_piece, reoption, tier_prices
 from .proposals import OptionPrices, price_options, rocks_and_sand, select, split_dominant
 from .rank_placement import place
 from .repack import repack
@@ -284,7 +284,8 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution,
     options pack evenly). Each search's end is packed again (``repack``, both fits) and the
     best kept."""
     piece = largest_piece(ctx, tiers.cache_fraction)
-    prices = tier_prices(ctx, tiers.cache_fraction)  # the same for every search
+    # the same for every search
+    prices = (tier_prices(ctx, tiers.cache_fraction), cache_prices(ctx, tiers.cache_fraction))
     out = repack(ctx, _searches(ctx, tiers, best, piece, prices, False))
     if packed and best.layout.rank.size <= REPACK_SHARDS:
         alt = repack(ctx, _searches(ctx, tiers, best, piece, prices, True))
@@ -294,7 +295,7 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution,
 
 
 def _searches(ctx: PlanContext, tiers: TierAssignment, best: Solution, piece: float,
-              prices: dict, pack: bool) -> Solution:
+              prices: tuple[dict, dict], pack: bool) -> Solution:
     choice = choice_of(ctx, best)
     dp = choice == ctx.dp_col
     groups = ctx.W > ctx.Lw
@@ -315,8 +316,8 @@ def _searches(ctx: PlanContext, tiers: TierAssignment, best: Solution, piece: fl
 
     out = best
     for evaluate, patient in (((lambda s, ch, t, tab: full(ch, t)), False), (around, True)):
-        sol, ch, new_tiers = reoption(ctx, tiers, best, choice, piece, prices, evaluate,
-                                      patient)
+        sol, ch, new_tiers = reoption(ctx, tiers, best, choice, piece, prices[0], evaluate,
+                                      patient, prices[1])
         if sol is not best:
             # coarser options leave lumpier pieces: split the ones on the ranks above the mean
             sol = split_dominant(ctx, price_options(ctx, new_tiers.tier, new_tiers.cache), sol,
