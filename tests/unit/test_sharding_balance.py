@@ -6,6 +6,9 @@ it gives (``partition._other_caches``), and starts whose pieces are rocks or san
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -18,6 +21,9 @@ from recscale.sharding.proposals import SAND, price_options, rocks_and_sand
 from recscale.sharding.tiering import assign_tiers, choose_data_parallel
 from recscale.sharding.types import PlannerOptions
 from tests.unit.test_sharding_properties import small_mix
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_balance as bb  # noqa: E402
 
 
 def tier_heavy(n: int, seed: int, total_params: float) -> list[TableSpec]:
@@ -103,6 +109,19 @@ def test_rocks_and_sand_starts_end_faster_where_pieces_are_few_per_rank(monkeypa
     without = plan_sharding(tables, topo, 256, opts)
     assert plan.max_cost <= 0.9 * without.max_cost
     assert plan.max_over_mean <= 1.05
+
+
+def test_fine_sand_evens_ranks_whose_rocks_are_nearly_a_rank_each(monkeypatch):
+    """bench_balance's seed 8 (16 tables on 45 cpu-local ranks): against a target near the
+    mean, rocks are 0.6-1.0 of a rank, and sand of up to a fifth of one leaves ranks up to 7%
+    above the mean. The second pool of starts (sand of at most a twentieth, searched on its
+    own) ends 6% faster, within 5% of its mean."""
+    m = bb.draw_mix(8)
+    plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    monkeypatch.setattr(partition, "ROCKS", partition.ROCKS[:1])
+    coarse = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    assert coarse.max_over_mean > 1.06
+    assert plan.max_cost <= 0.95 * coarse.max_cost and plan.max_over_mean <= 1.05
 
 
 def test_rocks_and_sand_takes_no_piece_in_between_where_a_table_has_the_choice():

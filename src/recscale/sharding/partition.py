@@ -25,10 +25,10 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
 6. steps 3-5 run from several starts (each ``split_fraction`` against the mean of all load and of
    the load placement can still move, plus all tables whole); ``proposals.split_dominant`` refines
    the two best by splitting the costliest table on the ranks above the mean and re-placing while
-   the maximum drops; with at most ``ROCKS_TABLES_PER_RANK`` sharded tables per rank, ``ROCKS``
-   starts (``proposals.rocks_and_sand``: every piece near a rank or small, against a target from
-   the bound) are searched on their own (steps 6-7) where their
-   best start is as good as the others', and the better end kept;
+   the maximum drops; with at most ``ROCKS_TABLES_PER_RANK`` sharded tables per rank, the
+   ``ROCKS`` pools of starts (``proposals.rocks_and_sand``: every piece near a rank or small,
+   against a target from the bound; coarse sand, then fine) are searched each on its own
+   (steps 6-7) where its best start is as good as the others', and the best end kept;
 7. on more than one host, the best plan's host-bound groups (table_row_wise, table_column_wise)
    are moved whole between hosts or swapped (``local_search.improve(groups=True)``); on more
    than one rank, ``option_search.reoption`` then tries other options and tiers, coarser as
@@ -92,8 +92,10 @@ REPACK_SHARDS = 600
 # the next, lower fill (more spilled to lower tiers).
 TIER_FILLS = (0.95, 0.85, 0.7)
 # Starts whose pieces are rocks or sand (``proposals.rocks_and_sand``): (target over the bound's
-# least target, the share of the target from which a piece is a rock).
-ROCKS = ((1.0, 0.6), (1.06, 0.75))
+# least target, the share of the target from which a piece is a rock, the share up to which it
+# is sand). Each pool of starts is searched on its own (coarse sand, then fine sand: where rocks
+# are nearly a rank each, sand of a fifth of one cannot even the ranks out).
+ROCKS = (((1.0, 0.6, 0.2), (1.06, 0.75, 0.2)), ((1.0, 0.6, 0.05), (1.06, 0.75, 0.05)))
 # ... where there are at most this many sharded tables per rank (with more, pieces even out).
 ROCKS_TABLES_PER_RANK = 3
 # Plans of at most this many shards, with tables spilled below the compute tier, are also planned
@@ -196,19 +198,22 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
             results.append((_place(ctx, choice, dp, tiers), choice))
         except PlannerError as exc:  # this start does not pack; others may
             error = error or exc
-    rocky: list[tuple[Solution, np.ndarray]] = []
+    pools: list[list[tuple[Solution, np.ndarray]]] = []
     few = int((~is_dp).sum()) <= ROCKS_TABLES_PER_RANK * ctx.W
-    for grow, rock in ROCKS if balanced and ctx.W > 1 and few else ():
-        # rocks and sand: pieces near a rank each or small, none in between
-        choice = rocks_and_sand(ctx, prices, is_dp, grow, rock)
-        if any(np.array_equal(choice, ch) for ch in tried):
-            continue
-        tried.append(choice)
-        try:
-            rocky.append((_place(ctx, choice, is_dp, tiers), choice))
-        except PlannerError as exc:
-            error = error or exc
-    if not results and not rocky:
+    for pool in ROCKS if balanced and ctx.W > 1 and few else ():
+        rocky: list[tuple[Solution, np.ndarray]] = []
+        for grow, rock, sand in pool:
+            # rocks and sand: pieces near a rank each or small, none in between
+            choice = rocks_and_sand(ctx, prices, is_dp, grow, rock, sand)
+            if any(np.array_equal(choice, ch) for ch in tried):
+                continue
+            tried.append(choice)
+            try:
+                rocky.append((_place(ctx, choice, is_dp, tiers), choice))
+            except PlannerError as exc:
+                error = error or exc
+        pools.append(rocky)
+    if not results and not any(pools):
         assert error is not None
         raise error
     # each kind of start searched on its own (the search is greedy, so the better start need
@@ -216,8 +221,9 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
     ends = []
     if results:
         ends.append(_refine(ctx, tiers, prices, results, packed))
-    if rocky and (not results or not better(_first(results), _first(rocky))):
-        ends.append(_refine(ctx, tiers, prices, rocky, packed))
+    for rocky in pools:
+        if rocky and (not results or not better(_first(results), _first(rocky))):
+            ends.append(_refine(ctx, tiers, prices, rocky, packed))
     if balanced and retier > 0 and ctx.W > ctx.Lw:
         # promoted from the first end (the others' starts only add ends to choose from)
         new_tiers = _promote(ctx, tiers, ends[0])
