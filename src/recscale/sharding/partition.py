@@ -27,8 +27,9 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    the two best by splitting the costliest table on the ranks above the mean and re-placing while
    the maximum drops; with at most ``ROCKS_TABLES_PER_RANK`` sharded tables per rank, the
    ``ROCKS`` pools of starts (``proposals.rocks_and_sand``: every piece near a rank or small,
-   against a target from the bound; coarse sand, then fine) are searched each on its own
-   (steps 6-7) where its best start is as good as the others', and the best end kept;
+   against a target from the bound; coarse sand, fine, then finest beside a little coarser) are
+   searched each on its own (steps 6-7) where its best start is as good as the others', and the
+   best end kept;
 7. on more than one host, the best plan's host-bound groups (table_row_wise, table_column_wise)
    are moved whole between hosts or swapped (``local_search.improve(groups=True)``); on more
    than one rank, ``option_search.reoption`` then tries other options and tiers, coarser as
@@ -94,8 +95,11 @@ TIER_FILLS = (0.95, 0.85, 0.7)
 # Starts whose pieces are rocks or sand (``proposals.rocks_and_sand``): (target over the bound's
 # least target, the share of the target from which a piece is a rock, the share up to which it
 # is sand). Each pool of starts is searched on its own (coarse sand, then fine sand: where rocks
-# are nearly a rank each, sand of a fifth of one cannot even the ranks out).
-ROCKS = (((1.0, 0.6, 0.2), (1.06, 0.75, 0.2)), ((1.0, 0.6, 0.05), (1.06, 0.75, 0.05)))
+# are nearly a rank each, sand of a fifth of one cannot even the ranks out; then the finest
+# beside a little coarser: the search refines a pool's two best starts, so which starts share a
+# pool decides where it ends).
+ROCKS = (((1.0, 0.6, 0.2), (1.06, 0.75, 0.2)), ((1.0, 0.6, 0.05), (1.06, 0.75, 0.05)),
+         ((1.0, 0.6, 0.05), (1.0, 0.6, 0.1)))
 # ... where there are at most this many sharded tables per rank (with more, pieces even out).
 ROCKS_TABLES_PER_RANK = 3
 # Plans of at most this many shards, with tables spilled below the compute tier, are also planned
@@ -205,6 +209,13 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         for grow, rock, sand in pool:
             # rocks and sand: pieces near a rank each or small, none in between
             choice = rocks_and_sand(ctx, prices, is_dp, grow, rock, sand)
+            if any(np.array_equal(choice, ch) for _, ch in rocky):
+                continue
+            # a start an earlier rocks pool placed joins this one too (placed once)
+            placed = [r for p in pools for r in p if np.array_equal(r[1], choice)]
+            if placed:
+                rocky.append(placed[0])
+                continue
             if any(np.array_equal(choice, ch) for ch in tried):
                 continue
             tried.append(choice)
