@@ -100,9 +100,17 @@ def run_mix(seed: int, large: bool = False) -> dict:
         out.update(seconds=time.perf_counter() - t0, error=str(exc).splitlines()[0])
         return out
     out["seconds"] = time.perf_counter() - t0
+    out.update(balance(plan))
+    return out
+
+
+def balance(plan) -> dict:
+    """A plan's balance figures and whether it meets the rule: max/mean <= 1.05 where the
+    bound's largest unsplittable piece is at most the mean rank cost (balance is possible), and
+    max <= 1.10 x max(mean, largest piece) everywhere."""
     lb = plan_lower_bound(plan)
     mean, mx = plan.mean_cost, plan.max_cost
-    out.update(max_s=mx, mean_s=mean, bound_s=lb.value, piece_s=lb.largest_piece,
+    out = dict(max_s=mx, mean_s=mean, bound_s=lb.value, piece_s=lb.largest_piece,
                max_over_mean=mx / mean, max_over_bound=mx / lb.value,
                balance_possible=lb.largest_piece <= mean,
                max_over_rule=mx / max(mean, lb.largest_piece))

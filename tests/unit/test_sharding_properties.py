@@ -2,11 +2,15 @@
 table tile it exactly (``check_geometry``; data-parallel: every rank whole), host-bound types
 stay in one host, every rank is in range, no tier of any rank holds more than its usable bytes,
 and the ranks' memory and cost are the sums of their shards'; no strategy's slowest rank is below
-the lower bound (``bounds.lower_bound``, so the bound is one). (How evenly they balance:
-benchmarks/bench_balance.py.)"""
+the lower bound (``bounds.lower_bound``, so the bound is one); the balanced plan meets
+benchmarks/bench_balance.py's balance rule (its ``balance``), save the mixes of ``RULE_MISSES``
+(strict xfails: a miss that starts meeting the rule fails too, so the list stays true). (The
+rule over the benchmark's 300 larger mixes: benchmarks/bench_balance.py.)"""
 
 import functools
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +20,16 @@ from recscale.sharding.bounds import plan_lower_bound
 from recscale.sharding.topology import PRESETS
 from tests.unit.test_sharding import check_geometry
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_balance import balance  # noqa: E402
+
 SEEDS = range(40)
+
+# mixes whose balanced plan misses the rule today, with the figures that miss it
+RULE_MISSES = {
+    23: "10 tables on 16 dgx-h100 ranks: max/mean 1.051 (max 1.095 x the bound); searching ten "
+        "tables a round instead of three keeps the same max at a mean that gives 1.043",
+}
 
 
 def small_mix(seed: int):
@@ -78,3 +91,14 @@ def test_no_strategys_slowest_rank_is_below_the_lower_bound(seed):
             continue
         lb = plan_lower_bound(plan)
         assert lb.value <= plan.max_cost * (1 + 1e-9), (strategy, lb)
+
+
+@pytest.mark.parametrize("seed", [
+    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=RULE_MISSES[s]))
+    if s in RULE_MISSES else s for s in SEEDS])
+def test_a_random_mixs_balanced_plan_meets_the_balance_rule(seed):
+    plan = plan_of(seed, "balanced")
+    if isinstance(plan, PlannerError):  # the validity test checks what a refusal says
+        return
+    b = balance(plan)
+    assert b["meets"], {k: round(v, 4) if isinstance(v, float) else v for k, v in b.items()}
