@@ -22,6 +22,10 @@ _TORCH_HOOKS = {
     "bf16": (default_hooks.bf16_compress_hook, 2),
 }
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# torch 2.13 names the single-tensor collectives *_single and warns (FutureWarning, once per rank
+# and call) on the old names, which an earlier torch has alone
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def counting_allreduce_hook(stats: CommStats, precision: str, spans_hosts: bool = False):
@@ -57,7 +61,7 @@ def hierarchical_allreduce_hook(stats: CommStats, precision: str, host_group, pe
         size = full.element_size()
         if host_group is not None:
             part = full.new_empty(chunk)
-            dist.reduce_scatter_tensor(part, full, group=host_group)
+            _REDUCE_SCATTER(part, full, group=host_group)
             stats.add("dense_reduce_scatter", full.numel() * size, 0.0, 0)
         else:
             part = full
@@ -65,7 +69,7 @@ def hierarchical_allreduce_hook(stats: CommStats, precision: str, host_group, pe
             dist.all_reduce(part, group=peer_group)
             stats.add("dense_allreduce", part.numel() * size, 0.0, part.numel() * size)
         if host_group is not None:
-            dist.all_gather_into_tensor(full, part, group=host_group)
+            _ALL_GATHER(full, part, group=host_group)
             stats.add("dense_all_gather", part.numel() * size, 0.0, 0)
         buf.copy_(full[:n])
         fut = torch.futures.Future()
