@@ -13,7 +13,9 @@ at the tables with the costliest shards on the slowest rank and every other opti
 cache (a lower tier with the plan's cache fraction or none) that one rank can hold,
 estimates the maximum each would leave (the larger of the new mean and the new floor plus the
 largest piece that does not span every rank), places the few most promising (``place``: the
-caller's evaluation; ``patient``: keep trying further candidates while none has helped, then
+caller's evaluation), then, while none has helped, the few most promising by where their pieces
+land on the lightest ranks without the table (``PACKED_ORDER``; ``patient``: keep trying
+further candidates while none has helped, then
 the best candidates of the two first tables together; when still none helps, the options of
 the table whose shards fill the compute tier of ranks below the mean: ``_memory_hog``; then,
 where the plan has no cache, the slowest rank's tables below with a small one:
@@ -52,6 +54,10 @@ PAIR_CANDIDATES = 2
 # spilled in aggregate, so tiering chose no cache, yet a table that one rank's compute tier
 # cannot hold in a cheap shape may do better below with a cache).
 NO_CACHE_TRIES = (0.05, 0.2)
+# Where no candidate in the estimate's order helps, try the same tables' options in the order of
+# where their pieces land: each on one of the lightest ranks without the table (``_candidates``'
+# ``packed_order``). Off: the search as it was before (tests of other mechanisms).
+PACKED_ORDER = True
 
 
 def evaluations(n_shards: int) -> int:
@@ -115,6 +121,10 @@ def reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution, choice: np
         rnd = _Round(best, choice, tiers, attempt)
         cands = _candidates(ctx, prices, tiers, best, choice)
         rnd.singles(cands, budget, patient)
+        if rnd.improved is None and PACKED_ORDER:
+            # the same tables, the options whose pieces best fill the lightest ranks first
+            rnd.singles(_candidates(ctx, prices, tiers, best, choice, packed_order=True),
+                        budget, patient, fresh=True)
         if rnd.improved is None and patient:
             # two tables at once: the best candidates of the two first tables together (a
             # table's pieces may fit a tier only once another table leaves it)
@@ -152,11 +162,13 @@ class _Round:
         self.improved: tuple[Solution, np.ndarray, TierAssignment] | None = None
 
     def singles(self, cands: list[tuple[float, int, int, int, float]], budget: int,
-                patient: bool) -> None:
+                patient: bool, fresh: bool = False) -> None:
         """Each candidate alone, most promising first, until ``budget`` placements or
-        ``PLACED_PER_ROUND`` of them (``patient``: and one has helped)."""
+        ``PLACED_PER_ROUND`` of them in the round (``fresh``: in this call; ``patient``: and
+        one has helped)."""
+        n0 = self.n if fresh else 0
         for _, tab, j, t, cf in cands:
-            if self.n >= budget or (self.n >= PLACED_PER_ROUND
+            if self.n >= budget or (self.n - n0 >= PLACED_PER_ROUND
                                     and (self.improved is not None or not patient)):
                 break
             self.trial([(tab, j, t, cf)])
@@ -173,7 +185,8 @@ class _Round:
 
 def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
                 tiers: TierAssignment, sol: Solution, choice: np.ndarray,
-                hog: bool = False) -> list[tuple[float, int, int, int, float]]:
+                hog: bool = False, packed_order: bool = False
+                ) -> list[tuple[float, int, int, int, float]]:
     """(estimated maximum, table, option, tier, cache fraction) for every other option, tier
     and cache (that one rank can hold) of the tables with the costliest shards on the slowest
     rank (``hog``: of ``_memory_hog``'s table instead), best first, only those estimated below
@@ -213,6 +226,11 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
     out = []
     for tab in tabs:
         c0, t0, cf0 = int(choice[tab]), int(tiers.tier[tab]), float(tiers.cache[tab])
+        # the ranks' loads without this table, lightest first: the new pieces on the lightest
+        mine = lay.table == tab
+        without = load.copy()
+        np.subtract.at(without, lay.rank[mine], lay.cost[mine])
+        lightest = np.sort(without)
         # the largest non-spanning piece of the other tables
         other = top_pieces[1] if not spans[tab] and piece[tab] >= top_pieces[0] else top_pieces[0]
         old_total = float(lay.cost[lay.table == tab].sum())
@@ -231,12 +249,16 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
                 top = max(other, 0.0 if new_spans else oc.max[tab, j])
                 est = max(new_total / W, fl + top)
                 if est < load[r] * (1 - 1e-9):
-                    out.append((est, float(oc.total[tab, j]), tab, j, t, cf))
+                    n = int(g.n_shards[tab, j])
+                    packed = (lightest[-1] + oc.total[tab, j] / W if new_spans
+                              else max(lightest[-1], lightest[n - 1] + oc.max[tab, j]))
+                    key = (max(est, packed), est) if packed_order else (est, 0.0)
+                    out.append((*key, float(oc.total[tab, j]), tab, j, t, cf))
     out.sort()
     # one option per table, sharding type, tier and cache (the least estimate, then total)
     seen: set[tuple[int, int, int, float]] = set()
     best = []
-    for est, _, tab, j, t, cf in out:
+    for est, _, _, tab, j, t, cf in out:
         key = (tab, int(g.kind[j]), t, cf)
         if key not in seen:
             seen.add(key)
