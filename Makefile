@@ -44,7 +44,7 @@ bench-preprocess: install system-packages
 test: install system-packages airflow
 	$(BIN)/python -m pytest
 
-# the unit tests alone (no processes, no training runs, no Spark): about two minutes
+# the unit tests alone (no processes, no training runs, no Spark): about three minutes
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 
