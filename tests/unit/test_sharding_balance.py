@@ -114,17 +114,23 @@ def test_rocks_and_sand_starts_end_faster_where_pieces_are_few_per_rank(monkeypa
     assert plan.max_over_mean <= 1.05
 
 
+def _with_fewer_pools(monkeypatch, seed: int, pools: int):
+    """bench_balance's mix ``seed`` planned with every pool of rocks-and-sand starts and with
+    the first ``pools`` alone (the option search's packed candidate order off in both)."""
+    without_packed_order(monkeypatch)
+    m = bb.draw_mix(seed)
+    plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    monkeypatch.setattr(partition, "ROCKS", partition.ROCKS[:pools])
+    return plan, plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+
+
 def test_fine_sand_evens_ranks_whose_rocks_are_nearly_a_rank_each(monkeypatch):
     """bench_balance's seed 8 (16 tables on 45 cpu-local ranks): against a target near the
     mean, rocks are 0.6-1.0 of a rank, and sand of up to a fifth of one leaves ranks up to 7%
     above the mean. The second pool of starts (sand of at most a twentieth, searched on its
     own) ends 6% faster, within 5% of its mean. (With the option search's packed candidate
     order off, which brings the coarse pool's end within 5% of its mean too.)"""
-    without_packed_order(monkeypatch)
-    m = bb.draw_mix(8)
-    plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
-    monkeypatch.setattr(partition, "ROCKS", partition.ROCKS[:1])
-    coarse = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    plan, coarse = _with_fewer_pools(monkeypatch, 8, 1)
     assert coarse.max_over_mean > 1.06
     assert plan.max_cost <= 0.95 * coarse.max_cost and plan.max_over_mean <= 1.05
 
@@ -135,11 +141,7 @@ def test_a_pool_sharing_its_finest_start_with_a_coarser_one_ends_elsewhere(monke
     sand of a tenth (the third pool, the finest start placed once for both) ends 1.012, a
     little faster too. (With the option search's packed candidate order off: with it,
     the plan ends 24% faster still, at max/mean 1.027.)"""
-    without_packed_order(monkeypatch)
-    m = bb.draw_mix(267)
-    plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
-    monkeypatch.setattr(partition, "ROCKS", partition.ROCKS[:2])
-    two = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    plan, two = _with_fewer_pools(monkeypatch, 267, 2)
     assert two.max_over_mean > 1.09
     assert plan.max_cost < two.max_cost and plan.max_over_mean <= 1.02
 

@@ -226,14 +226,14 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
     out = []
     for tab in tabs:
         c0, t0, cf0 = int(choice[tab]), int(tiers.tier[tab]), float(tiers.cache[tab])
-        # the ranks' loads without this table, lightest first: the new pieces on the lightest
         mine = lay.table == tab
-        without = load.copy()
-        np.subtract.at(without, lay.rank[mine], lay.cost[mine])
-        lightest = np.sort(without)
+        if packed_order:  # the ranks' loads without this table, lightest first
+            without = load.copy()
+            np.subtract.at(without, lay.rank[mine], lay.cost[mine])
+            lightest = np.sort(without)
         # the largest non-spanning piece of the other tables
         other = top_pieces[1] if not spans[tab] and piece[tab] >= top_pieces[0] else top_pieces[0]
-        old_total = float(lay.cost[lay.table == tab].sum())
+        old_total = float(lay.cost[mine].sum())
         pinned = int(ctx.tables.pinned[tab])
         for (t, cf), pr in prices.items():
             if pinned >= 0 and t != pinned:
@@ -249,10 +249,12 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
                 top = max(other, 0.0 if new_spans else oc.max[tab, j])
                 est = max(new_total / W, fl + top)
                 if est < load[r] * (1 - 1e-9):
-                    n = int(g.n_shards[tab, j])
-                    packed = (lightest[-1] + oc.total[tab, j] / W if new_spans
-                              else max(lightest[-1], lightest[n - 1] + oc.max[tab, j]))
-                    key = (max(est, packed), est) if packed_order else (est, 0.0)
+                    key = (est, 0.0)
+                    if packed_order:  # each new piece on one of the lightest ranks
+                        n = int(g.n_shards[tab, j])
+                        packed = (lightest[-1] + oc.total[tab, j] / W if new_spans
+                                  else max(lightest[-1], lightest[n - 1] + oc.max[tab, j]))
+                        key = (max(est, packed), est)
                     out.append((*key, float(oc.total[tab, j]), tab, j, t, cf))
     out.sort()
     # one option per table, sharding type, tier and cache (the least estimate, then total)
