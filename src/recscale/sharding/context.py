@@ -3,12 +3,13 @@
 In: the tables (``TableArrays``), the topology, the per-rank batch and the ``PlannerOptions``.
 Out: ``PlanContext``, read-only for the whole run (cost model, option grid, tier budgets per
 rank, ranks per host); ``option_costs`` prices every (table, option) pair for given tiers and
-cache fractions (``OptionCosts``). No stage writes to the context; its arrays are read-only.
+cache fractions (``OptionCosts``). No stage writes to the context (its arrays are read-only) but
+for ``groups``, the memo of cut shards that ``shards.build_layout`` fills.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +48,9 @@ class PlanContext:
     host_of: np.ndarray  # (W,) host of each rank
     n: int  # tables
     dp_col: int  # the data-parallel option's column in the grid
+    # every table's shards per (table, option, tier, cache) once cut (``shards.build_layout``):
+    # a memo, the one thing written during a run; what it holds follows from the inputs alone
+    groups: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, tables: TableArrays, topo: Topology, batch_size_per_rank: int,

@@ -75,18 +75,45 @@ class Solution:
         return self.compute + self.comms
 
 
+_FIELDS = ("table", "kind", "row_off", "row_len", "col_off", "col_len", "k", "tier", "cache",
+           "compute", "comms", "need", "storage", "extra")
+
+
 def build_layout(ctx: PlanContext, choice: np.ndarray, tier: np.ndarray,
                  cache: np.ndarray) -> Layout:
+    """The shards of ``choice`` (an option column per table) in the tables' ``tier`` and with
+    their ``cache`` fraction, unplaced. A table's shards depend on its (option, tier, cache)
+    alone, so each is cut and costed once per planning run (``ctx.groups``) and reused."""
+    memo = ctx.groups
+    is_dp = (ctx.grid.kind == DP).tolist()
+    keys = [(i, j, ti, cf) for i, j, ti, cf in zip(range(ctx.n), choice.tolist(), tier.tolist(),
+                                                    cache.tolist()) if not is_dp[j]]
+    missing = [key for key in keys if key not in memo]
+    if missing:
+        _cut(ctx, missing)
+    parts = [memo[key] for key in keys]
+    groups, start = [], 0
+    for (i, *_), part in zip(keys, parts):
+        groups.append((i, start, start + part[0].size))
+        start += part[0].size
+    if parts:
+        cols = {f: np.concatenate([p[n] for p in parts]) for n, f in enumerate(_FIELDS)}
+    else:
+        cols = {f: np.zeros((0, 3)) if f == "need" else np.zeros(0, dtype=np.int64 if n < 8
+                                                                  else float)
+                for n, f in enumerate(_FIELDS)}
+    return Layout(**cols, host_bound=np.isin(cols["kind"], (TWRW, TWCW)),
+                  rank=np.full(start, -1, dtype=np.int64), groups=groups)
+
+
+def _cut(ctx: PlanContext, keys: list[tuple[int, int, int, float]]) -> None:
+    """Cut and cost the shards of each (table, option, tier, cache) of ``keys`` (costed per
+    sharding type in one go) into ``ctx.groups``: per key, the arrays of ``_FIELDS``."""
     t, g, opts = ctx.tables, ctx.grid, ctx.opts
-    cols = {k: [] for k in ("table", "kind", "ro", "rl", "co", "cl", "k")}
-    groups = []
-    start = 0
-    for i in range(ctx.n):
-        j = int(choice[i])
-        kind = int(g.kind[j])
-        if kind == DP:
-            continue
-        k = int(g.k[j])
+    cols: dict[str, list] = {f: [] for f in _FIELDS[:9]}
+    sizes = []
+    for i, j, ti, cf in keys:
+        kind, k = int(g.kind[j]), int(g.k[j])
         N, D = int(t.N[i]), int(t.D[i])
         if kind in (RW, TWRW):
             geo = [(ro, rl, 0, D) for ro, rl in row_blocks(N, k)]
@@ -97,30 +124,23 @@ def build_layout(ctx: PlanContext, choice: np.ndarray, tier: np.ndarray,
         else:
             geo = [(0, N, 0, D)]
         for ro, rl, co, cl in geo:
-            cols["table"].append(i)
-            cols["kind"].append(kind)
-            cols["ro"].append(ro)
-            cols["rl"].append(rl)
-            cols["co"].append(co)
-            cols["cl"].append(cl)
-            cols["k"].append(k)
-        groups.append((i, start, start + len(geo)))
-        start += len(geo)
-    arr = {k: np.array(v, dtype=np.int64) for k, v in cols.items()}
-    S = start
-    lay = Layout(
-        table=arr["table"], kind=arr["kind"], row_off=arr["ro"], row_len=arr["rl"],
-        col_off=arr["co"], col_len=arr["cl"], k=arr["k"],
-        tier=tier[arr["table"]] if S else np.zeros(0, dtype=np.int64),
-        cache=cache[arr["table"]] if S else np.zeros(0),
-        compute=np.zeros(S), comms=np.zeros(S), need=np.zeros((S, 3)),
-        storage=np.zeros(S), extra=np.zeros(S),
-        host_bound=np.isin(arr["kind"], (TWRW, TWCW)), rank=np.full(S, -1, dtype=np.int64),
-        groups=groups,
-    )
+            for f, v in zip(_FIELDS[:9], (i, kind, ro, rl, co, cl, k, ti, cf)):
+                cols[f].append(v)
+        sizes.append(len(geo))
+    S = sum(sizes)
+    arr = {f: np.array(v, dtype=float if f == "cache" else np.int64) for f, v in cols.items()}
+    lay = Layout(**arr, compute=np.zeros(S), comms=np.zeros(S), need=np.zeros((S, 3)),
+                 storage=np.zeros(S), extra=np.zeros(S), host_bound=np.zeros(S, dtype=bool),
+                 rank=np.zeros(S, dtype=np.int64), groups=[])
     for kind in np.unique(lay.kind):
         cost_shards(ctx, lay, np.flatnonzero(lay.kind == kind))
-    return lay
+    whole = [getattr(lay, f) for f in _FIELDS]
+    for a in whole:
+        a.setflags(write=False)  # layouts copy them (``np.concatenate``); nothing writes here
+    start = 0
+    for key, size in zip(keys, sizes):
+        ctx.groups[key] = tuple(a[start:start + size] for a in whole)
+        start += size
 
 
 def replace_table(ctx: PlanContext, lay: Layout, tab: int, option: int, tier: np.ndarray,
