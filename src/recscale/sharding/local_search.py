@@ -210,7 +210,7 @@ def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> 
         h = int(host_of[lay.rank[s]])
         ra = np.sort(lay.rank[s:e])
         sa = s + np.argsort(lay.rank[s:e], kind="stable")
-        ca, na = lay.cost[sa], lay.need[sa]
+        ca, na = lay.cost_of(sa), lay.need[sa]
         # moves: to every other host, greedy by cost onto its lightest ranks with room
         for h2 in range(len(load) // Lw):
             if h2 == h:
@@ -240,7 +240,7 @@ def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> 
                 continue
             rb = np.sort(lay.rank[s2:e2])
             sb = s2 + np.argsort(lay.rank[s2:e2], kind="stable")
-            cb, nb = lay.cost[sb], lay.need[sb]
+            cb, nb = lay.cost_of(sb), lay.need[sb]
             if (occ[tab2, ra] > 0).any() or (occ[tab, rb] > 0).any():
                 continue  # never, for host-bound groups in different hosts; kept for safety
             if not (np.all(free[:, ra] + (na - nb).T >= -1e-6)

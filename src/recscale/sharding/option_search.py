@@ -200,7 +200,7 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
     spread = np.zeros(ctx.n)  # per-rank load of tables spanning every rank
     for tab, s, e in lay.groups:
         spans[tab] = e - s >= W
-        c = lay.cost[s:e]
+        c = lay.cost_of(slice(s, e))
         piece[tab] = c.max()
         if spans[tab]:
             spread[tab] = c.sum() / W
@@ -211,7 +211,7 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
     if top_pieces.size < 2:
         top_pieces = np.concatenate([top_pieces, np.zeros(2 - top_pieces.size)])
     on_r = np.flatnonzero(lay.rank == r)
-    order = on_r[np.lexsort((on_r, -lay.cost[on_r]))]
+    order = on_r[np.lexsort((on_r, -lay.cost_of(on_r)))]
     tabs: list[int] = []
     for s in order:
         tab = int(lay.table[s])
@@ -229,11 +229,11 @@ def _candidates(ctx: PlanContext, prices: dict[tuple[int, float], OptionPrices],
         mine = lay.table == tab
         if packed_order:  # the ranks' loads without this table, lightest first
             without = load.copy()
-            np.subtract.at(without, lay.rank[mine], lay.cost[mine])
+            np.subtract.at(without, lay.rank[mine], lay.cost_of(mine))
             lightest = np.sort(without)
         # the largest non-spanning piece of the other tables
         other = top_pieces[1] if not spans[tab] and piece[tab] >= top_pieces[0] else top_pieces[0]
-        old_total = float(lay.cost[mine].sum())
+        old_total = float(lay.cost_of(mine).sum())
         pinned = int(ctx.tables.pinned[tab])
         for (t, cf), pr in prices.items():
             if pinned >= 0 and t != pinned:

@@ -363,7 +363,7 @@ def _promote(ctx: PlanContext, tiers: TierAssignment, sol: Solution) -> TierAssi
     on_r = np.flatnonzero((lay.rank == r) & (lay.tier != ctx.ct) & ~span[lay.table])
     if on_r.size == 0:
         return None
-    s = int(on_r[np.lexsort((on_r, -lay.cost[on_r]))][0])
+    s = int(on_r[np.lexsort((on_r, -lay.cost_of(on_r)))][0])
     tab = int(lay.table[s])
     up = [a for a in ctx.avail if a < int(lay.tier[s])]
     if not up:

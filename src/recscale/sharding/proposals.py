@@ -205,7 +205,7 @@ def _split_choice(ctx: PlanContext, sol: Solution, choice: np.ndarray, prices: O
         if load[r] <= floor or (variant == "single" and done):
             break
         on_r = np.flatnonzero(lay.rank == r)
-        for s in on_r[np.lexsort((on_r, -lay.cost[on_r]))]:
+        for s in on_r[np.lexsort((on_r, -lay.cost_of(on_r)))]:
             tab = int(lay.table[s])
             if tab in done:
                 continue

@@ -90,7 +90,7 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
     for gi in order:
         tab, s, e = lay.groups[gi]
         while True:
-            cmax = lay.cost[s:e].max()
+            cmax = lay.cost_of(slice(s, e)).max()
             need = lay.need[s:e].max(axis=0)
             if strategy == "round_robin":
                 prio = ((np.arange(W) - pointer) % W).astype(float)
@@ -107,7 +107,7 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
                 break
             _demote(ctx, lay, s, e, free, cache_fraction)
         lay.rank[s:e] = ranks
-        c = lay.cost[s:e]
+        c = lay.cost_of(slice(s, e))
         np.add.at(load, ranks, c)
         np.add.at(free.T, ranks, -lay.need[s:e])
         occ[tab, ranks] += 1
@@ -121,7 +121,7 @@ def _place_group(ctx: PlanContext, lay: Layout, s: int, e: int, prio: np.ndarray
     """Ranks for shards s..e (largest shard on the best rank), or None if they do not fit."""
     W = ctx.W
     k = e - s
-    cost = lay.cost[s:e]
+    cost = lay.cost_of(slice(s, e))
     ok = np.all(free >= need[:, None] - 1e-6, axis=0)
     desc = np.lexsort((np.arange(k), -cost))
     ranks = np.empty(k, dtype=np.int64)

@@ -39,7 +39,7 @@ def repack(ctx: PlanContext, sol: Solution,
     movable = [gi for gi, (_, s, e) in enumerate(lay.groups) if e - s < W]
     if not movable:
         return sol
-    top = np.array([lay.cost[s:e].max() for _, s, e in (lay.groups[g] for g in movable)])
+    top = np.array([lay.cost_of(slice(s, e)).max() for _, s, e in (lay.groups[g] for g in movable)])
     order = [movable[i] for i in np.lexsort((np.arange(len(movable)), -top))]
     best = sol
     for first_fit in fits:

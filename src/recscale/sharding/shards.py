@@ -47,6 +47,10 @@ class Layout:
     def cost(self) -> np.ndarray:
         return self.compute + self.comms
 
+    def cost_of(self, idx) -> np.ndarray:
+        """``cost[idx]`` without costing every other shard (a slice or an index array)."""
+        return self.compute[idx] + self.comms[idx]
+
     def copy(self) -> Layout:
         """A copy whose arrays a stage may change without touching this one."""
         return Layout(**{f.name: (getattr(self, f.name).copy() if f.name != "groups"
