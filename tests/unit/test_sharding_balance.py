@@ -1,8 +1,9 @@
 """Planner balance where hot tables spill below the compute tier on several hosts: the tier of a
 table and its splitting decided together (``partition._promote``) and host-bound groups moved
 between hosts (``local_search.improve(groups=True)``), and the cache fraction chosen by the plans
-it gives (``partition._other_caches``), and starts whose pieces are rocks or sand
-(``proposals.rocks_and_sand``)."""
+it gives (``partition._other_caches``), starts whose pieces are rocks or sand
+(``proposals.rocks_and_sand``), and the search's end swapped with every rank's shards
+(``local_search.improve(wide=True)``)."""
 
 from __future__ import annotations
 
@@ -167,3 +168,29 @@ def test_rocks_and_sand_takes_no_piece_in_between_where_a_table_has_the_choice()
     # and each takes the cheapest such option
     cheapest = np.where(either[rows], oc.total[rows], np.inf).min(axis=1)
     assert np.allclose(oc.total[rows, choice[rows]][has], cheapest[has])
+
+
+def test_swaps_with_any_rank_lower_a_slowest_rank_the_lightest_cannot(monkeypatch):
+    """bench_balance's seed 175 (48 tables on 80 zionex ranks, the weights filling HBM): the
+    option search's end, swapped with the shards of every rank (``improve(wide=True)``), is at
+    least 0.5% faster than the same end searched with the lightest ranks alone: where memory is
+    full, a slightly lighter piece of a medium rank is what a slow rank can trade. Every wide
+    search keeps every tier of every rank within its bytes and never raises the maximum."""
+    calls = []
+    real = partition.improve
+
+    def spy(ctx, sol, groups=False, wide=False):
+        out = real(ctx, sol, groups, wide)
+        if wide:
+            calls.append((sol.load.max(), real(ctx, sol, groups).load.max(), out))
+        return out
+
+    monkeypatch.setattr(partition, "improve", spy)
+    m = bb.draw_mix(175)
+    plan = plan_sharding(m["tables"], m["topology"], bb.BATCH, m["options"])
+    assert calls
+    for before, _, out in calls:
+        assert out.load.max() <= before * (1 + 1e-12) and (out.free >= -1e-6).all()
+    gain = min(out.load.max() / narrow for _, narrow, out in calls)
+    assert gain < 0.995
+    assert plan.max_cost <= min(out.load.max() for *_, out in calls) * (1 + 1e-9)

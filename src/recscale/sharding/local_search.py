@@ -6,11 +6,13 @@ ranks; sharding types, tiers and caches unchanged).
 
 Each step works on the most loaded rank: the best single move of one of its shards to a rank with
 room (and no shard of the same table), else the best swap with a shard on one of the lightest
-ranks, else a 2-way re-partition of its shards and a light rank's by largest differencing
-(Karmarkar-Karp), else (with ``groups``, on more than one host) a host-bound group of the rank moved whole to
-another host or swapped with a host-bound group of another host (``_move_group``). It stops when none lowers the maximum, or after ``max_improve_iters`` steps
-(0: 8 x world_size + 200). Shards of groups spanning every rank never move; host-bound shards
-move between hosts only as a whole group.
+ranks (``wide``: with any cheaper shard of any rank, up to ``WIDE_SHARDS`` of them), else a
+2-way re-partition of its shards and a light rank's by largest differencing (Karmarkar-Karp),
+else (with ``groups``, on more than one host) a host-bound group of the rank moved whole to
+another host or swapped with a host-bound group of another host (``_move_group``). It stops
+when none lowers the maximum, or after ``max_improve_iters`` steps (0: 8 x world_size + 200).
+Shards of groups spanning every rank never move; host-bound shards move between hosts only as
+a whole group.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .context import INF, PlanContext
 from .shards import Layout, Solution, summarize
 
 
-def improve(ctx: PlanContext, sol: Solution, groups: bool = False) -> Solution:
+def improve(ctx: PlanContext, sol: Solution, groups: bool = False, wide: bool = False) -> Solution:
     W = ctx.W
     if W < 2 or sol.layout.rank.size == 0:
         return sol
@@ -63,12 +65,16 @@ def improve(ctx: PlanContext, sol: Solution, groups: bool = False) -> Solution:
             si, q = divmod(a, W)
             _move(lay, int(on_r[si]), q, load, free, occ)
             continue
-        # swap with a shard on one of the lightest ranks
+        # swap with a shard on one of the lightest ranks (``wide``: on any rank, lighter than
+        # the costliest of ``r``'s, since only those can lower it)
         light = np.argsort(load, kind="stable")[: min(8, W - 1)]
         light = light[light != r]
-        on_l = idx_all[np.isin(lay.rank, light) & movable]
+        if wide:
+            on_l = idx_all[(lay.rank != r) & movable & (cost < c[0])]
+        else:
+            on_l = idx_all[np.isin(lay.rank, light) & movable]
         if on_l.size:
-            on_l = on_l[np.lexsort((on_l, -cost[on_l]))][:256]
+            on_l = on_l[np.lexsort((on_l, -cost[on_l]))][:WIDE_SHARDS if wide else 256]
             if _best_swap(ctx, lay, on_r, on_l, r, load, free, occ, tol):
                 continue
         if _kk_pair(ctx, lay, r, light[:4], load, free, occ, movable, tol):
@@ -78,6 +84,10 @@ def improve(ctx: PlanContext, sol: Solution, groups: bool = False) -> Solution:
         break
     return summarize(ctx, lay, sol.dp_tables, sol.dp_compute, sol.dp_comms, sol.dp_need,
                      sol.dp_storage, sol.cache_fraction, free, occ)
+
+
+# Shards of other ranks a wide swap weighs against the slowest rank's (the costliest first).
+WIDE_SHARDS = 4096
 
 
 def _move(lay: Layout, s: int, q: int, load: np.ndarray, free: np.ndarray,

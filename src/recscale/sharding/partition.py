@@ -41,7 +41,9 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    shards) and the better kept; if it changed the plan, ``split_dominant`` splits what it left
    lumpy; ``repack.repack`` packs the same shards again against a target maximum (MULTIFIT:
    first and best fit, largest first, the target halved between the mean and the maximum)
-   and keeps that if it is lower; then
+   and keeps that if it is lower; the end is searched once more with swaps against the
+   shards of every rank (``improve(wide=True)``: where memory is full, the lightest ranks
+   often hold nothing the slowest can trade, a medium rank's slightly lighter piece can); then
    ``_promote`` decides tier and splitting together: the costliest shard on the slowest rank that
    sits below the compute tier and cannot spread over every rank (say a hot table that placement
    demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
@@ -111,6 +113,8 @@ CACHE_RETIER, CACHE_PACKED = 0, False
 # Rounds of ``_promote`` (a slow-tier table that cannot spread, one tier up; tables that spread
 # over every rank, down) after the search, each a full search on the new tiers.
 RETIER_ROUNDS = 1
+# The option search's end polished by swaps with shards on every rank (``improve(wide=True)``).
+WIDE_SWAPS = True
 
 
 def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
@@ -308,6 +312,12 @@ def _reoption(ctx: PlanContext, tiers: TierAssignment, best: Solution,
         alt = repack(ctx, _searches(ctx, tiers, best, piece, prices, True))
         if better(alt, out):
             out = alt
+    if WIDE_SWAPS:
+        # swaps of the slowest rank's shards with any rank's, not only the lightest: where
+        # memory is full a lighter piece of a medium rank is the only one that can make room
+        out = improve(ctx, out, wide=True)
+        if ctx.W > ctx.Lw:
+            out = improve(ctx, out, groups=True, wide=True)
     return out
 
 
