@@ -85,6 +85,7 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
     order = [gi for gi in order if lay.rank[starts[gi]] < 0]
     mean = max((cost[~placed].sum() + load.sum()) / W, 1e-30)
     has = budget > 0
+    bh = budget[has, None]
     strategy = opts.strategy
     pointer = 0
     for gi in order:
@@ -99,17 +100,17 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
             else:
                 # vector scheduling: the larger of the rank's cost and memory shares after
                 # adding the shard, so memory-heavy shards go where memory is free
-                used = (budget[has, None] - free[has] + need[has, None])
-                mem = (used / budget[has, None]).max(axis=0) if has.any() else 0.0
+                used = (bh - free[has] + need[has, None])
+                mem = (used / bh).max(axis=0) if has.any() else 0.0
                 prio = np.maximum((load + cmax) / mean, mem)
             ranks = _place_group(ctx, lay, s, e, prio, free, need)
             if ranks is not None:
                 break
             _demote(ctx, lay, s, e, free, cache_fraction)
         lay.rank[s:e] = ranks
-        c = lay.cost_of(slice(s, e))
-        np.add.at(load, ranks, c)
-        np.add.at(free.T, ranks, -lay.need[s:e])
+        # a group's shards are on distinct ranks: plain fancy-index updates add each once
+        load[ranks] += lay.cost_of(slice(s, e))
+        free[:, ranks] -= lay.need[s:e].T
         occ[tab, ranks] += 1
         pointer = (int(ranks[0]) + 1) % W
     return summarize(ctx, lay, dp_idx, dpc.compute, dpc.comms, dp_need, dpc.storage,
@@ -126,6 +127,13 @@ def _place_group(ctx: PlanContext, lay: Layout, s: int, e: int, prio: np.ndarray
     desc = np.lexsort((np.arange(k), -cost))
     ranks = np.empty(k, dtype=np.int64)
     if not lay.host_bound[s]:
+        if k == 1:  # the lowest priority with room, the lowest rank among equals
+            p = np.where(ok, prio, INF)
+            q = int(np.argmin(p))
+            if not ok[q]:
+                return None
+            ranks[0] = q
+            return ranks
         cand = np.flatnonzero(ok)
         if cand.size < k:
             return None
