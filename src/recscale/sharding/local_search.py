@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -88,6 +89,31 @@ def improve(ctx: PlanContext, sol: Solution, groups: bool = False, wide: bool = 
 
 # Shards of other ranks a wide swap weighs against the slowest rank's (the costliest first).
 WIDE_SHARDS = 4096
+
+
+class _SameSize(NamedTuple):
+    """The host-bound groups of one size, in the layout's order: table, host, and per group its
+    shards sorted by rank (ranks, shard indices, costs, bytes per tier)."""
+
+    tab: np.ndarray  # (G,)
+    host: np.ndarray  # (G,)
+    rb: np.ndarray  # (G, k)
+    sb: np.ndarray  # (G, k)
+    cb: np.ndarray  # (G, k)
+    nb: np.ndarray  # (G, k, 3)
+
+
+def _groups_of_size(lay: Layout, hb_groups, k: int, host_of) -> _SameSize | None:
+    same = [(tab, s) for tab, s, e in hb_groups if e - s == k]
+    if not same:
+        return None
+    starts = np.array([s for _, s in same])
+    idx = starts[:, None] + np.arange(k)[None, :]
+    order = np.argsort(lay.rank[idx], axis=1, kind="stable")
+    sb = np.take_along_axis(idx, order, axis=1)
+    rb = lay.rank[sb]
+    return _SameSize(np.array([t for t, _ in same]), host_of[rb[:, 0]], rb, sb,
+                     lay.cost_of(sb), lay.need[sb])
 
 
 def _move(lay: Layout, s: int, q: int, load: np.ndarray, free: np.ndarray,
@@ -216,14 +242,22 @@ def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> 
     if not mine:
         return False
     best: tuple[float, list[tuple[int, int]]] | None = None
+    by_size: dict[int, _SameSize | None] = {}
     for tab, s, e in mine:
         h = int(host_of[lay.rank[s]])
         ra = np.sort(lay.rank[s:e])
         sa = s + np.argsort(lay.rank[s:e], kind="stable")
         ca, na = lay.cost_of(sa), lay.need[sa]
-        # moves: to every other host, greedy by cost onto its lightest ranks with room
+        # moves: to every other host, greedy by cost onto its lightest ranks with room (a
+        # move's worst load is at least the group's ranks' after it leaves and the destination
+        # host's heaviest rank now: where either is no better than the best so far, skip it)
+        left_max = float((load[ra] - ca).max())
+        host_max = load.reshape(-1, Lw).max(axis=1)
         for h2 in range(len(load) // Lw):
             if h2 == h:
+                continue
+            bar = Lr - tol if best is None else min(Lr - tol, best[0])
+            if left_max >= bar or host_max[h2] >= bar:
                 continue
             ranks = np.arange(h2 * Lw, (h2 + 1) * Lw)
             f = free[:, ranks].copy()
@@ -244,22 +278,26 @@ def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> 
                 worst = max(float(left.max()), float(ld.max()))
                 if worst < Lr - tol and (best is None or worst < best[0]):
                     best = (worst, moves)
-        # swaps with a host-bound group of another host with as many shards
-        for tab2, s2, e2 in hb_groups:
-            if e2 - s2 != e - s or int(host_of[lay.rank[s2]]) == h:
-                continue
-            rb = np.sort(lay.rank[s2:e2])
-            sb = s2 + np.argsort(lay.rank[s2:e2], kind="stable")
-            cb, nb = lay.cost_of(sb), lay.need[sb]
-            if (occ[tab2, ra] > 0).any() or (occ[tab, rb] > 0).any():
-                continue  # never, for host-bound groups in different hosts; kept for safety
-            if not (np.all(free[:, ra] + (na - nb).T >= -1e-6)
-                    and np.all(free[:, rb] + (nb - na).T >= -1e-6)):
-                continue
-            worst = max(float((load[ra] - ca + cb).max()), float((load[rb] - cb + ca).max()))
-            if worst < Lr - tol and (best is None or worst < best[0]):
-                best = (worst, [(int(x), int(q)) for x, q in zip(sa, rb)]
-                        + [(int(x), int(q)) for x, q in zip(sb, ra)])
+        # swaps with a host-bound group of another host with as many shards (all at once;
+        # the first of the least worst loads, as one by one in the groups' order)
+        k = e - s
+        if k not in by_size:
+            by_size[k] = _groups_of_size(lay, hb_groups, k, host_of)
+        g = by_size[k]
+        if g is None:
+            continue
+        ok = (g.host != h) & ~(occ[g.tab][:, ra] > 0).any(axis=1) & ~(occ[tab][g.rb] > 0).any(axis=1)
+        fa, fb = free.T[ra], free.T[g.rb]  # (k, 3), (G, k, 3)
+        ok &= np.all(fa[None] + (na[None] - g.nb) >= -1e-6, axis=(1, 2))
+        ok &= np.all(fb + (g.nb - na[None]) >= -1e-6, axis=(1, 2))
+        worst = np.maximum(((load[ra] - ca)[None] + g.cb).max(axis=1),
+                           ((load[g.rb] - g.cb) + ca[None]).max(axis=1))
+        bar = Lr - tol if best is None else min(Lr - tol, best[0])
+        ok &= worst < bar
+        if ok.any():
+            j = int(np.flatnonzero(ok)[np.argmin(worst[ok])])
+            best = (float(worst[j]), [(int(x), int(q)) for x, q in zip(sa, g.rb[j])]
+                    + [(int(x), int(q)) for x, q in zip(g.sb[j], ra)])
     if best is None:
         return False
     moves = best[1]
