@@ -243,6 +243,7 @@ def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> 
         return False
     best: tuple[float, list[tuple[int, int]]] | None = None
     by_size: dict[int, _SameSize | None] = {}
+    host_max = load.reshape(-1, Lw).max(axis=1)  # nothing moves until the best is applied
     for tab, s, e in mine:
         h = int(host_of[lay.rank[s]])
         ra = np.sort(lay.rank[s:e])
@@ -252,7 +253,6 @@ def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> 
         # move's worst load is at least the group's ranks' after it leaves and the destination
         # host's heaviest rank now: where either is no better than the best so far, skip it)
         left_max = float((load[ra] - ca).max())
-        host_max = load.reshape(-1, Lw).max(axis=1)
         for h2 in range(len(load) // Lw):
             if h2 == h:
                 continue

@@ -81,6 +81,7 @@ class Solution:
 
 _FIELDS = ("table", "kind", "row_off", "row_len", "col_off", "col_len", "k", "tier", "cache",
            "compute", "comms", "need", "storage", "extra")
+_FLOAT = ("cache", "compute", "comms", "need", "storage", "extra")
 
 
 def build_layout(ctx: PlanContext, choice: np.ndarray, tier: np.ndarray,
@@ -102,10 +103,9 @@ def build_layout(ctx: PlanContext, choice: np.ndarray, tier: np.ndarray,
         start += part[0].size
     if parts:
         cols = {f: np.concatenate([p[n] for p in parts]) for n, f in enumerate(_FIELDS)}
-    else:
-        cols = {f: np.zeros((0, 3)) if f == "need" else np.zeros(0, dtype=np.int64 if n < 8
-                                                                  else float)
-                for n, f in enumerate(_FIELDS)}
+    else:  # every table replicated
+        cols = {f: np.zeros((0, 3) if f == "need" else 0, dtype=float if f in _FLOAT else np.int64)
+                for f in _FIELDS}
     return Layout(**cols, host_bound=np.isin(cols["kind"], (TWRW, TWCW)),
                   rank=np.full(start, -1, dtype=np.int64), groups=groups)
 
