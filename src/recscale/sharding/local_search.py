@@ -225,6 +225,40 @@ def _ldm_two_way(values: np.ndarray, fixed_a: float, fixed_b: float) -> np.ndarr
     return out
 
 
+def _moves(free: np.ndarray, load: np.ndarray, alive: np.ndarray, h: int, Lw: int,
+           sa: np.ndarray, ca: np.ndarray, na: np.ndarray, left_max: float
+           ) -> tuple[float, list[tuple[int, int]]] | None:
+    """The best move of a host-bound group (shards ``sa``, costs ``ca``, needs ``na``, from
+    host ``h``) to one of the hosts ``alive``: every host filled at once, greedy by cost onto
+    its lightest rank with room; (the highest load it leaves, the moves) for the first host with
+    the least, or None if the group fits on none."""
+    H = alive.size
+    alive = alive.copy()
+    alive[h] = False
+    if not alive.any():
+        return None
+    hosts = np.arange(H)
+    ld = load.reshape(H, Lw).copy()
+    f = free.reshape(3, H, Lw).copy()
+    used = np.zeros((H, Lw), dtype=bool)
+    got = np.zeros((H, sa.size), dtype=np.int64)
+    order = np.lexsort((np.arange(sa.size), -ca))
+    for i in order:
+        ok = ~used & (f >= na[i][:, None, None] - 1e-6).all(axis=0)
+        alive &= ok.any(axis=1)
+        if not alive.any():
+            return None
+        j = np.where(ok, ld, np.inf).argmin(axis=1)  # the first of the lightest with room
+        j = np.where(alive, j, 0)
+        used[hosts, j] |= alive
+        ld[hosts, j] += np.where(alive, ca[i], 0.0)
+        f[:, hosts, j] -= np.where(alive, na[i][:, None], 0.0)
+        got[:, i] = hosts * Lw + j
+    worst = np.where(alive, np.maximum(left_max, ld.max(axis=1)), np.inf)
+    h2 = int(worst.argmin())
+    return float(worst[h2]), [(int(sa[i]), int(got[h2, i])) for i in order]
+
+
 def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> bool:
     """Lower rank ``r`` by moving one of its host-bound groups (table_row_wise,
     table_column_wise) whole to another host, or by swapping it with a host-bound group of
@@ -253,31 +287,11 @@ def _move_group(ctx: PlanContext, lay: Layout, r: int, load, free, occ, tol) -> 
         # move's worst load is at least the group's ranks' after it leaves and the destination
         # host's heaviest rank now: where either is no better than the best so far, skip it)
         left_max = float((load[ra] - ca).max())
-        for h2 in range(len(load) // Lw):
-            if h2 == h:
-                continue
-            bar = Lr - tol if best is None else min(Lr - tol, best[0])
-            if left_max >= bar or host_max[h2] >= bar:
-                continue
-            ranks = np.arange(h2 * Lw, (h2 + 1) * Lw)
-            f = free[:, ranks].copy()
-            ld = load[ranks].copy()
-            used = np.zeros(Lw, dtype=bool)
-            moves = []
-            for i in np.lexsort((np.arange(e - s), -ca)):
-                ok = ~used & np.all(f >= na[i][:, None] - 1e-6, axis=0)
-                if not ok.any():
-                    break
-                j = int(np.flatnonzero(ok)[np.argmin(ld[ok])])
-                used[j] = True
-                f[:, j] -= na[i]
-                ld[j] += ca[i]
-                moves.append((int(sa[i]), int(ranks[j])))
-            else:
-                left = load[ra] - ca
-                worst = max(float(left.max()), float(ld.max()))
-                if worst < Lr - tol and (best is None or worst < best[0]):
-                    best = (worst, moves)
+        bar = Lr - tol if best is None else min(Lr - tol, best[0])
+        if left_max < bar:
+            got = _moves(free, load, host_max < bar, h, Lw, sa, ca, na, left_max)
+            if got is not None and got[0] < bar:
+                best = got
         # swaps with a host-bound group of another host with as many shards (all at once;
         # the first of the least worst loads, as one by one in the groups' order)
         k = e - s
