@@ -152,8 +152,8 @@ def _place_group(ctx: PlanContext, lay: Layout, s: int, e: int, prio: np.ndarray
     W = ctx.W
     k = e - s
     cost = lay.cost_of(slice(s, e))
-    ok = np.all(free >= need[:, None] - 1e-6, axis=0)
-    desc = np.lexsort((np.arange(k), -cost))
+    ok = (free >= need[:, None] - 1e-6).all(axis=0)
+    desc = np.argsort(-cost, kind="stable")  # largest first, in index order among equals
     ranks = np.empty(k, dtype=np.int64)
     if not lay.host_bound[s]:
         if k == 1:  # the lowest priority with room, the lowest rank among equals
@@ -166,7 +166,7 @@ def _place_group(ctx: PlanContext, lay: Layout, s: int, e: int, prio: np.ndarray
         cand = np.flatnonzero(ok)
         if cand.size < k:
             return None
-        ranks[desc] = cand[np.lexsort((cand, prio[cand]))[:k]]
+        ranks[desc] = cand[np.argsort(prio[cand], kind="stable")[:k]]  # cand ascends
         return ranks
     Lw = ctx.Lw
     H = W // Lw

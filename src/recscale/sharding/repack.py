@@ -23,7 +23,7 @@ import numpy as np
 
 from .context import PlanContext
 from .local_search import improve
-from .shards import Solution, better, summarize
+from .shards import Layout, Solution, better, summarize
 
 ROUNDS = 10
 # Targets within this share of the lower end are not tried (nothing worth a placement).
@@ -41,6 +41,7 @@ def repack(ctx: PlanContext, sol: Solution,
         return sol
     top = np.array([lay.cost_of(slice(s, e)).max() for _, s, e in (lay.groups[g] for g in movable)])
     order = [movable[i] for i in np.lexsort((np.arange(len(movable)), -top))]
+    prep = _prepare(lay, order)  # the same for every target
     best = sol
     for first_fit in fits:
         lo, hi = float(max(sol.load.mean(), top.max())), float(sol.load.max())
@@ -49,7 +50,7 @@ def repack(ctx: PlanContext, sol: Solution,
             if hi <= lo * (1 + GAIN):
                 break
             target = (lo + hi) / 2
-            got = _pack(ctx, sol, order, target, first_fit)
+            got = _pack(ctx, sol, order, target, first_fit, prep)
             if got is None:
                 lo = target
             else:
@@ -61,11 +62,20 @@ def repack(ctx: PlanContext, sol: Solution,
     return best
 
 
-def _pack(ctx: PlanContext, sol: Solution, order: list[int], target: float,
-          first_fit: bool) -> Solution | None:
+def _prepare(lay: Layout, order: list[int]) -> tuple[list[np.ndarray], list[list[int]]]:
+    """The groups ``order``'s shards, largest first, and the tiers each shard needs room in."""
+    cost = lay.cost
+    shards = [s + np.lexsort((np.arange(e - s), -cost[s:e]))
+              for _, s, e in (lay.groups[g] for g in order)]
+    return shards, [np.flatnonzero(row).tolist() for row in lay.need > 0]
+
+
+def _pack(ctx: PlanContext, sol: Solution, order: list[int], target: float, first_fit: bool,
+          prep: tuple[list[np.ndarray], list[list[int]]] | None = None) -> Solution | None:
     """The groups ``order`` taken off their ranks and packed again under ``target``; None
-    where one does not fit."""
+    where one does not fit. ``prep``: ``_prepare(layout, order)``, where known."""
     lay = sol.layout
+    shards, tiers = prep if prep is not None else _prepare(lay, order)
     cost, need = lay.cost, lay.need
     load, free, occ = sol.load.copy(), sol.free.copy(), sol.occ.copy()
     rank = lay.rank.copy()
@@ -73,27 +83,27 @@ def _pack(ctx: PlanContext, sol: Solution, order: list[int], target: float,
     np.add.at(load, rank[moved], -cost[moved])
     np.add.at(free.T, rank[moved], need[moved])
     np.add.at(occ, (lay.table[moved], rank[moved]), -1)
-    for gi in order:
-        tab, s, e = lay.groups[gi]
-        shards = s + np.lexsort((np.arange(e - s), -cost[s:e]))
+    for gi, sh in zip(order, shards):
+        tab, s, _ = lay.groups[gi]
         if lay.host_bound[s]:
-            ranks = _host_group(ctx, cost, need, shards, load, free, target, first_fit)
+            ranks = _host_group(ctx, cost, need, tiers, sh, load, free, target, first_fit)
         else:
-            ranks = _spread_group(cost, need, shards, occ[tab] > 0, load, free, target,
+            ranks = _spread_group(cost, need, tiers, sh, occ[tab] > 0, load, free, target,
                                   first_fit)
         if ranks is None:
             return None
         # the shards of one group are on distinct ranks: plain indexed updates suffice
-        load[ranks] += cost[shards]
-        free[:, ranks] -= need[shards].T
-        rank[shards] = ranks
+        load[ranks] += cost[sh]
+        free[:, ranks] -= need[sh].T
+        rank[sh] = ranks
         occ[tab, ranks] += 1
     new = replace(lay, rank=rank)
     return summarize(ctx, new, sol.dp_tables, sol.dp_compute, sol.dp_comms, sol.dp_need,
                      sol.dp_storage, sol.cache_fraction, free, occ)
 
 
-def _spread_group(cost: np.ndarray, need: np.ndarray, shards: np.ndarray, taken: np.ndarray,
+def _spread_group(cost: np.ndarray, need: np.ndarray, tiers: list[list[int]], shards: np.ndarray,
+                  taken: np.ndarray,
                   load: np.ndarray, free: np.ndarray, target: float,
                   first_fit: bool) -> np.ndarray | None:
     """A rank for each shard (largest first) with room under ``target``, no two on one rank
@@ -104,7 +114,7 @@ def _spread_group(cost: np.ndarray, need: np.ndarray, shards: np.ndarray, taken:
     ranks = np.empty(shards.size, dtype=np.int64)
     for i, x in enumerate(shards):
         ok = ~taken & (load + cost[x] <= target)
-        for t in np.flatnonzero(need[x] > 0):
+        for t in tiers[x]:
             ok &= free[t] >= need[x, t] - 1e-6
         cand = np.flatnonzero(ok)
         if cand.size == 0:
@@ -115,7 +125,8 @@ def _spread_group(cost: np.ndarray, need: np.ndarray, shards: np.ndarray, taken:
     return ranks
 
 
-def _host_group(ctx: PlanContext, cost: np.ndarray, need: np.ndarray, shards: np.ndarray,
+def _host_group(ctx: PlanContext, cost: np.ndarray, need: np.ndarray, tiers: list[list[int]],
+                shards: np.ndarray,
                 load: np.ndarray, free: np.ndarray, target: float,
                 first_fit: bool) -> np.ndarray | None:
     """Ranks on one host for a host-bound group's shards (largest first), or None: every host
@@ -131,7 +142,7 @@ def _host_group(ctx: PlanContext, cost: np.ndarray, need: np.ndarray, shards: np
     hosts = np.arange(H)
     for i, x in enumerate(shards):
         ok = ~used & (ld + cost[x] <= target)
-        for t in np.flatnonzero(need[x] > 0):
+        for t in tiers[x]:
             ok &= fr[t] >= need[x, t] - 1e-6
         alive &= ok.any(axis=1)
         if not alive.any():
