@@ -22,6 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_balance as bb  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _without_descent(monkeypatch):
+    """Every test here plans without the final plan's descent (``partition.DESCENT``): it would
+    take over the gain of the mechanism each one compares with and without (it lowers seed 36's
+    plan without ``_memory_hog`` to the plan with it, say)."""
+    monkeypatch.setattr(partition, "DESCENT", False)
+
+
 def _without_search(monkeypatch):
     monkeypatch.setattr(partition, "reoption", lambda ctx, tiers, best, choice, *rest:
                         (best, choice, tiers))

@@ -55,7 +55,11 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    the next ``CACHE_TRIES`` cache fractions by estimate (``tiering.tier_choices``) are planned
    too (steps 3-7 without ``_promote`` or the packed option search) and the fastest plan kept
    (``_other_caches``): the estimate counts lookup time in total and cannot see that a large
-   cache leaves the compute tier too full per rank for a hot table.
+   cache leaves the compute tier too full per rank for a hot table;
+10. ``descent.descend`` on the final plan ("balanced" only): where several ranks sit near the
+   slowest, so that no single change makes it faster, the load above a target (1.05 x the
+   mean, at least the largest piece) is lowered one table's option, tier or cache at a time,
+   never raising the maximum.
 
 Baselines (``strategy``): "greedy" and "round_robin" place whole tables (row-wise only for tables
 too large for one rank) by LPT or in table order, with the same cost model, tiers and capacities,
@@ -70,6 +74,7 @@ from __future__ import annotations
 import numpy as np
 
 from .context import PlanContext
+from .descent import BALANCE, descend
 from .local_search import improve
 from .option_grid import TableArrays
 from .option_search import cache_prices, choice_of, largest_piece, reoption, tier_prices
@@ -115,6 +120,8 @@ CACHE_RETIER, CACHE_PACKED = 0, False
 RETIER_ROUNDS = 1
 # The option search's end polished by swaps with shards on every rank (``improve(wide=True)``).
 WIDE_SWAPS = True
+# The final plan's load above the balance target lowered table by table (``descent.descend``).
+DESCENT = True
 
 
 def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
@@ -141,6 +148,8 @@ def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
                 and best.load.max() > CACHE_UNEVEN * best.load.mean()):
             # a balanced plan's maximum is its mean, which the estimate already minimised
             best = _other_caches(ctx, is_dp, best, choices[1:CACHE_TRIES + 1])
+        if opts.strategy == "balanced" and DESCENT:
+            best = _descend(ctx, best)
         return best
     assert first_error is not None
     raise first_error
@@ -352,6 +361,23 @@ def _searches(ctx: PlanContext, tiers: TierAssignment, best: Solution, piece: fl
         if better(sol, out):
             out = sol
     return out
+
+
+def _descend(ctx: PlanContext, sol: Solution) -> Solution:
+    """Stage 6d (``descent.descend``) on the final plan: each change one table's shards cut
+    anew and placed around the others', then searched."""
+    if sol.load.max() <= BALANCE * sol.load.mean():
+        return sol  # nothing above the target (descend would stop at once): no prices needed
+    cf = sol.cache_fraction
+    dp = choice_of(ctx, sol) == ctx.dp_col
+
+    def evaluate(s: Solution, tab: int, option: int, tier: np.ndarray,
+                 cache: np.ndarray) -> Solution:
+        new = improve(ctx, place(ctx, replace_table(ctx, s.layout, tab, option, tier, cache),
+                                 dp, cf))
+        return improve(ctx, new, groups=True) if ctx.W > ctx.Lw else new
+
+    return descend(ctx, sol, largest_piece(ctx, cf), tier_prices(ctx, cf), evaluate)
 
 
 def _promote(ctx: PlanContext, tiers: TierAssignment, sol: Solution) -> TierAssignment | None:
