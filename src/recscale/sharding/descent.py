@@ -27,6 +27,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .context import PlanContext
+from .option_search import choice_of
 from .proposals import OptionPrices
 from .shards import Solution
 from .types import PlannerError
@@ -115,15 +116,11 @@ def _step(ctx: PlanContext, sol: Solution, target: float,
 
 
 def _in_force(ctx: PlanContext, sol: Solution) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each sharded table's tier, cache fraction and option column as placed (demotions
-    included); replicated tables: the compute tier, no cache, the data-parallel column."""
-    g = ctx.grid
-    col = {(int(kind), int(k)): j for j, (kind, k) in enumerate(zip(g.kind, g.k))}
+    """Each table's tier and cache fraction as placed (demotions included; replicated tables:
+    the compute tier, no cache) and its option column (``option_search.choice_of``)."""
     tier = np.full(ctx.n, ctx.ct, dtype=np.int64)
     cache = np.zeros(ctx.n)
-    option = np.full(ctx.n, ctx.dp_col, dtype=np.int64)
     lay = sol.layout
     for tab, s, _ in lay.groups:
         tier[tab], cache[tab] = int(lay.tier[s]), float(lay.cache[s])
-        option[tab] = col[(int(lay.kind[s]), int(lay.k[s]))]
-    return tier, cache, option
+    return tier, cache, choice_of(ctx, sol)

@@ -19,6 +19,8 @@ fits nowhere loses its cache, then moves one tier down, and is tried again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .context import INF, PlanContext, gb
@@ -86,15 +88,24 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
     mean = max((cost[~placed].sum() + load.sum()) / W, 1e-30)
     has = budget > 0
     bh = budget[has, None]
+    every = bool(has.all())  # then ``free`` itself, not the copy ``free[has]``
     strategy = opts.strategy
+
+    def vector(cmax: float, need: np.ndarray) -> np.ndarray:
+        """Vector scheduling: the larger of each rank's cost and memory shares after adding a
+        shard costing ``cmax`` and needing ``need``, so memory-heavy shards go where memory
+        is free."""
+        used = bh - (free if every else free[has]) + (need[:, None] if every else need[has, None])
+        mem = (used / bh).max(axis=0) if bh.size else 0.0
+        return np.maximum((load + cmax) / mean, mem)
+
     # one-shard groups off a host's bounds are most of a large mix: they take the short path
     short = strategy == "balanced"
-    F = free if has.all() else None  # a view: free[has] without the copy when every tier has room
     pointer = 0
     for gi in order:
         tab, s, e = lay.groups[gi]
         if short and e - s == 1 and not lay.host_bound[s]:
-            q = _place_one(ctx, lay, s, load, free, F, bh, has, mean, cache_fraction)
+            q = _place_one(ctx, lay, s, free, vector, cache_fraction)
             lay.rank[s] = q
             load[q] += lay.compute[s] + lay.comms[s]
             free[:, q] -= lay.need[s]
@@ -108,11 +119,7 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
             elif strategy == "greedy":
                 prio = load + cmax
             else:
-                # vector scheduling: the larger of the rank's cost and memory shares after
-                # adding the shard, so memory-heavy shards go where memory is free
-                used = (bh - free[has] + need[has, None])
-                mem = (used / bh).max(axis=0) if bh.size else 0.0
-                prio = np.maximum((load + cmax) / mean, mem)
+                prio = vector(cmax, need)
             ranks = _place_group(ctx, lay, s, e, prio, free, need)
             if ranks is not None:
                 break
@@ -127,19 +134,15 @@ def place(ctx: PlanContext, layout: Layout, is_dp: np.ndarray, cache_fraction: f
                      cache_fraction, free, occ)
 
 
-def _place_one(ctx: PlanContext, lay: Layout, s: int, load: np.ndarray, free: np.ndarray,
-               F: np.ndarray | None, bh: np.ndarray, has: np.ndarray, mean: float,
-               cache_fraction: float) -> int:
-    """The rank for shard s alone (balanced order), demoting it until one has room: the same
-    priority and choice as ``place``'s loop with ``_place_group``, in fewer array operations."""
+def _place_one(ctx: PlanContext, lay: Layout, s: int, free: np.ndarray,
+               vector: Callable[[float, np.ndarray], np.ndarray], cache_fraction: float) -> int:
+    """The rank for shard s alone (balanced order, priority ``vector``), demoting it until one
+    has room: the same choice as ``place``'s loop with ``_place_group``, in fewer array
+    operations."""
     while True:
         need = lay.need[s]
-        col = need[:, None]
-        used = (bh - (F if F is not None else free[has]) + (col if F is not None else
-                                                            need[has, None]))
-        mem = (used / bh).max(axis=0) if bh.size else 0.0
-        prio = np.maximum((load + (lay.compute[s] + lay.comms[s])) / mean, mem)
-        ok = (free >= col - 1e-6).all(axis=0)
+        prio = vector(lay.compute[s] + lay.comms[s], need)
+        ok = (free >= need[:, None] - 1e-6).all(axis=0)
         q = int(np.where(ok, prio, INF).argmin())
         if ok[q]:
             return q
@@ -153,16 +156,15 @@ def _place_group(ctx: PlanContext, lay: Layout, s: int, e: int, prio: np.ndarray
     k = e - s
     cost = lay.cost_of(slice(s, e))
     ok = (free >= need[:, None] - 1e-6).all(axis=0)
-    desc = np.argsort(-cost, kind="stable")  # largest first, in index order among equals
     ranks = np.empty(k, dtype=np.int64)
+    if k == 1 and not lay.host_bound[s]:  # the lowest priority with room, the lowest rank
+        q = int(np.where(ok, prio, INF).argmin())
+        if not ok[q]:
+            return None
+        ranks[0] = q
+        return ranks
+    desc = np.argsort(-cost, kind="stable")  # largest first, in index order among equals
     if not lay.host_bound[s]:
-        if k == 1:  # the lowest priority with room, the lowest rank among equals
-            p = np.where(ok, prio, INF)
-            q = int(np.argmin(p))
-            if not ok[q]:
-                return None
-            ranks[0] = q
-            return ranks
         cand = np.flatnonzero(ok)
         if cand.size < k:
             return None
