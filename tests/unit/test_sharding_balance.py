@@ -2,8 +2,10 @@
 table and its splitting decided together (``partition._promote``) and host-bound groups moved
 between hosts (``local_search.improve(groups=True)``), and the cache fraction chosen by the plans
 it gives (``partition._other_caches``), starts whose pieces are rocks or sand
-(``proposals.rocks_and_sand``), and the search's end swapped with every rank's shards
-(``local_search.improve(wide=True)``)."""
+(``proposals.rocks_and_sand``), the search's end swapped with every rank's shards
+(``local_search.improve(wide=True)``), the load above 1.05 x the mean lowered table by table
+(``descent.descend``), and the rock starts the search passed over searched where the plan ends
+uneven (``partition._rocks_left``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from recscale.sharding.proposals import SAND, price_options, rocks_and_sand
 from recscale.sharding.tiering import assign_tiers, choose_data_parallel
 from recscale.sharding.types import PlannerOptions
 from tests.unit.test_option_search import without_packed_order
+from tests.unit.test_sharding import check_geometry
 from tests.unit.test_sharding_properties import small_mix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -259,3 +262,44 @@ def test_descent_keeps_no_change_that_raises_the_maximum_or_only_the_mean(descen
 
     for fake in (raise_max, raise_mean):
         assert descend(ctx, before, piece, prices, fake) is before
+
+
+def test_rock_pools_passed_over_are_searched_where_the_plan_ends_uneven(monkeypatch):
+    """Six tables on one zionex host of 8, one pinned to DDR: the rock starts place worse than
+    the others, so the search passes over them, and the plan ends (descended) at max/mean
+    1.058. Searched once the plan is found uneven (``partition._rocks_left``), a pool of them
+    ends within 1.05 of its mean and the slowest rank faster. A plan already within 1.05 (small
+    mix 50) searches none of them again."""
+    from planner_golden import mix
+
+    tables = [TableSpec("p", 10_000, 32, constraints={"tier": "ddr"})] + mix(5)
+    topo = Topology.preset("zionex", world_size=8)
+    calls = []
+    real = partition._partition
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        if kw.get("rocks_left"):
+            calls.append(out)
+        return out
+
+    monkeypatch.setattr(partition, "_partition", spy)
+    plan = plan_sharding(tables, topo, 128)
+    assert len(calls) == 1 and calls[0] is not None
+    monkeypatch.setattr(partition, "ROCKS_WHILE_UNEVEN", False)
+    without = plan_sharding(tables, topo, 128)
+    assert without.max_over_mean > 1.05
+    assert plan.max_cost < without.max_cost and plan.max_over_mean <= 1.05
+    mf = plan.options.memory_fraction
+    for tp in plan.tables:  # still a valid plan: shards tile their tables, the pin holds
+        check_geometry(tp, topo)
+    assert {s.tier for s in plan.tables[0].shards} == {"ddr"}
+    for r in plan.ranks:
+        for tier in topo.tiers:
+            assert r.memory(tier) <= topo.capacity(tier) * mf * (1 + 1e-9), (r.rank, tier)
+
+    monkeypatch.setattr(partition, "ROCKS_WHILE_UNEVEN", True)
+    calls.clear()
+    tables, topo, opts = small_mix(50)
+    assert plan_sharding(tables, topo, 256, opts).max_over_mean <= 1.05
+    assert calls == []

@@ -28,8 +28,8 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    the maximum drops; with at most ``ROCKS_TABLES_PER_RANK`` sharded tables per rank, the
    ``ROCKS`` pools of starts (``proposals.rocks_and_sand``: every piece near a rank or small,
    against a target from the bound; coarse sand, fine, then finest beside a little coarser) are
-   searched each on its own (steps 6-7) where its best start is as good as the others', and the
-   best end kept;
+   searched each on its own (steps 6-7) where its best start is as good as the others', and
+   the best end kept;
 7. on more than one host, the best plan's host-bound groups (table_row_wise, table_column_wise)
    are moved whole between hosts or swapped (``local_search.improve(groups=True)``); on more
    than one rank, ``option_search.reoption`` then tries other options and tiers, coarser as
@@ -59,7 +59,12 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
 10. ``descent.descend`` on the final plan ("balanced" only): where several ranks sit near the
    slowest, so that no single change makes it faster, the load above a target (1.05 x the
    mean, at least the largest piece) is lowered one table's option, tier or cache at a time,
-   never raising the maximum.
+   never raising the maximum;
+11. where the plan is still not within 1.05 of its mean ("balanced", with the rock pools of
+   step 6), the pools step 6 passed over are searched (steps 6-7) and descended, one at a time
+   until one ends within 1.05, and the best plan kept (``_rocks_left``): a rock start can place
+   worse than the others and still end better, once the search moves apart the host-bound
+   rocks that placement piled up.
 
 Baselines (``strategy``): "greedy" and "round_robin" place whole tables (row-wise only for tables
 too large for one rank) by LPT or in table order, with the same cost model, tiers and capacities,
@@ -109,6 +114,9 @@ ROCKS = (((1.0, 0.6, 0.2), (1.06, 0.75, 0.2)), ((1.0, 0.6, 0.05), (1.06, 0.75, 0
          ((1.0, 0.6, 0.05), (1.0, 0.6, 0.1)))
 # ... where there are at most this many sharded tables per rank (with more, pieces even out).
 ROCKS_TABLES_PER_RANK = 3
+# Where the plan is still not within ``BALANCE`` of its mean at the end, the pools the search
+# passed over (their best start worse than the others') are searched too (``_rocks_left``).
+ROCKS_WHILE_UNEVEN = True
 # Plans of at most this many shards, with tables spilled below the compute tier, are also planned
 # with the ``CACHE_TRIES`` next cache fractions' tier assignments (``_other_caches``).
 CACHE_SHARDS = 600
@@ -150,6 +158,8 @@ def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
             best = _other_caches(ctx, is_dp, best, choices[1:CACHE_TRIES + 1])
         if opts.strategy == "balanced" and DESCENT:
             best = _descend(ctx, best)
+        if opts.strategy == "balanced" and ROCKS_WHILE_UNEVEN and not _even(best):
+            best = _rocks_left(ctx, is_dp, choices[0], best)
         return best
     assert first_error is not None
     raise first_error
@@ -189,12 +199,20 @@ def _fractions(opts: PlannerOptions) -> tuple[float, ...]:
 
 
 def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
-               retier: int = RETIER_ROUNDS, packed: bool = True) -> Solution:
+               retier: int = RETIER_ROUNDS, packed: bool = True,
+               rocks_left: bool = False) -> Solution | None:
+    """Stages 3-7 on ``tiers``. ``rocks_left``: only the pools of rock starts that the first
+    search passed over (their best start worse than the others'), searched until one ends
+    within ``BALANCE`` of its mean; None where there are none."""
+    balanced = ctx.opts.strategy == "balanced"
+    few = int((~is_dp).sum()) <= ROCKS_TABLES_PER_RANK * ctx.W
+    rocks = balanced and ctx.W > 1 and few
+    if rocks_left and not rocks:
+        return None
     prices = price_options(ctx, tiers.tier, tiers.cache)
     results: list[tuple[Solution, np.ndarray]] = []
     tried: list[np.ndarray] = []
     error: PlannerError | None = None
-    balanced = ctx.opts.strategy == "balanced"
     trials: list[tuple[float, bool | None]] = [(f, False) for f in _fractions(ctx.opts)]
     if balanced and ctx.W > 1:
         # also: split against the load placement can still move, and whole tables (the
@@ -216,8 +234,7 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         except PlannerError as exc:  # this start does not pack; others may
             error = error or exc
     pools: list[list[tuple[Solution, np.ndarray]]] = []
-    few = int((~is_dp).sum()) <= ROCKS_TABLES_PER_RANK * ctx.W
-    for pool in ROCKS if balanced and ctx.W > 1 and few else ():
+    for pool in ROCKS if rocks else ():
         rocky: list[tuple[Solution, np.ndarray]] = []
         for grow, rock, sand in pool:
             # rocks and sand: pieces near a rank each or small, none in between
@@ -241,13 +258,17 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         assert error is not None
         raise error
     # each kind of start searched on its own (the search is greedy, so the better start need
-    # not end better); the rocks only where their best start is as good as the others'
+    # not end better); the rocks only where their best start is as good as the others' (or,
+    # ``rocks_left``, only the others, until one ends within ``BALANCE`` of its mean)
     ends = []
-    if results:
+    if results and not rocks_left:
         ends.append(_refine(ctx, tiers, prices, results, packed))
     for rocky in pools:
-        if rocky and (not results or not better(_first(results), _first(rocky))):
+        passed_over = bool(rocky) and bool(results) and better(_first(results), _first(rocky))
+        if rocky and passed_over == rocks_left and not (rocks_left and any(map(_even, ends))):
             ends.append(_refine(ctx, tiers, prices, rocky, packed))
+    if rocks_left:
+        return _best(ends) if ends else None
     if balanced and retier > 0 and ctx.W > ctx.Lw:
         # promoted from the first end (the others' starts only add ends to choose from)
         new_tiers = _promote(ctx, tiers, ends[0])
@@ -256,11 +277,19 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
                 ends.append(_partition(ctx, is_dp, new_tiers, retier - 1, packed))
             except PlannerError:
                 pass
+    return _best(ends)
+
+
+def _best(ends: list[Solution]) -> Solution:
     best = ends[0]
     for sol in ends[1:]:
         if better(sol, best):
             best = sol
     return best
+
+
+def _even(sol: Solution) -> bool:
+    return bool(sol.load.max() <= BALANCE * sol.load.mean())
 
 
 def _order(results: list[tuple[Solution, np.ndarray]]) -> list[int]:
@@ -363,10 +392,26 @@ def _searches(ctx: PlanContext, tiers: TierAssignment, best: Solution, piece: fl
     return out
 
 
+def _rocks_left(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
+                best: Solution) -> Solution:
+    """Stage 11: where the plan is still not within ``BALANCE`` of its mean, the pools of
+    rock starts the search passed over, each searched (and descended), the best plan kept. A
+    rock start can place worse than the others and still end better: placement piles
+    host-bound rocks on a few ranks, and the search moves them apart."""
+    try:
+        alt = _partition(ctx, is_dp, tiers, rocks_left=True)
+    except PlannerError:
+        return best
+    if alt is None:
+        return best
+    alt = _descend(ctx, alt) if DESCENT else alt
+    return alt if better(alt, best) else best
+
+
 def _descend(ctx: PlanContext, sol: Solution) -> Solution:
     """Stage 6d (``descent.descend``) on the final plan: each change one table's shards cut
     anew and placed around the others', then searched."""
-    if sol.load.max() <= BALANCE * sol.load.mean():
+    if _even(sol):
         return sol  # nothing above the target (descend would stop at once): no prices needed
     cf = sol.cache_fraction
     dp = choice_of(ctx, sol) == ctx.dp_col
