@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import recscale.sharding.partition as partition
-from recscale.sharding import ShardingPlan, TableSpec, Topology, plan_sharding
+from recscale.sharding import PlannerError, ShardingPlan, TableSpec, Topology, plan_sharding
 from recscale.sharding.bounds import least_target, plan_lower_bound
 from recscale.sharding.context import PlanContext
 from recscale.sharding.option_grid import TableArrays
@@ -303,3 +303,23 @@ def test_rock_pools_passed_over_are_searched_where_the_plan_ends_uneven(monkeypa
     tables, topo, opts = small_mix(50)
     assert plan_sharding(tables, topo, 256, opts).max_over_mean <= 1.05
     assert calls == []
+
+
+def test_a_mix_no_start_packs_is_planned_from_small_pieces(monkeypatch):
+    """bench_balance's seed 147 (10 tables on 18 cpu-local ranks, DDR only, the weights near
+    80% of it): every start leaves some table's equal shards too few ranks with room, and
+    there is no lower tier to spill to. Starts whose pieces hold at most a share of a rank's
+    bytes (``proposals.small_pieces``) pack, and the plan is valid and balanced; without them
+    the planner refuses the mix."""
+    m = bb.draw_mix(147)
+    tables, topo = m["tables"], m["topology"]
+    plan = plan_sharding(tables, topo, bb.BATCH, m["options"])
+    mf = plan.options.memory_fraction
+    for tp in plan.tables:
+        check_geometry(tp, topo)
+    for r in plan.ranks:
+        assert r.memory("ddr") <= topo.capacity("ddr") * mf * (1 + 1e-9), r.rank
+    assert bb.balance(plan)["meets"]
+    monkeypatch.setattr(partition, "SMALL_PIECES", ())
+    with pytest.raises(PlannerError, match="to fit"):
+        plan_sharding(tables, topo, bb.BATCH, m["options"])

@@ -49,7 +49,8 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    demoted to SSD as a host-bound group) has its table moved one tier up, tables of that tier
    spread over every rank move one tier down to make room, and steps 3-7 run once more on those
    tiers; the better plan is kept;
-8. if no start packs, everything is retried with a lower aggregate fill (more spilled);
+8. if no start packs, everything is retried with a lower aggregate fill (more spilled), and if
+   none packs at any fill, from starts of small pieces (``proposals.small_pieces``);
 9. tiers and splitting together, on plans of at most ``CACHE_SHARDS`` shards with tables spilled
    whose slowest rank is above ``CACHE_UNEVEN`` x the mean:
    the next ``CACHE_TRIES`` cache fractions by estimate (``tiering.tier_choices``) are planned
@@ -83,10 +84,17 @@ from .descent import BALANCE, descend
 from .local_search import improve
 from .option_grid import TableArrays
 from .option_search import cache_prices, choice_of, largest_piece, reoption, tier_prices
-from .proposals import OptionPrices, price_options, rocks_and_sand, select, split_dominant
+from .proposals import (
+    OptionPrices,
+    price_options,
+    rocks_and_sand,
+    select,
+    small_pieces,
+    split_dominant,
+)
 from .rank_placement import place
 from .repack import repack
-from .shards import Solution, better, build_layout, replace_table
+from .shards import Solution, best_of, better, build_layout, replace_table
 from .tiering import (
     TierAssignment,
     assign_tiers,
@@ -114,6 +122,9 @@ ROCKS = (((1.0, 0.6, 0.2), (1.06, 0.75, 0.2)), ((1.0, 0.6, 0.05), (1.06, 0.75, 0
          ((1.0, 0.6, 0.05), (1.0, 0.6, 0.1)))
 # ... where there are at most this many sharded tables per rank (with more, pieces even out).
 ROCKS_TABLES_PER_RANK = 3
+# Where no start packs at any fill: starts whose pieces hold at most these shares of a rank's
+# bytes (``proposals.small_pieces``; 0: every table in its smallest pieces), at each fill.
+SMALL_PIECES = (0.5, 0.25, 0.1, 0.0)
 # Where the plan is still not within ``BALANCE`` of its mean at the end, the pools the search
 # passed over (their best start worse than the others') are searched too (``_rocks_left``).
 ROCKS_WHILE_UNEVEN = True
@@ -140,27 +151,29 @@ def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
     else:
         is_dp = only_data_parallel(ctx)
     first_error: PlannerError | None = None
-    for fill in TIER_FILLS:
-        try:
-            choices = _tiers(ctx, is_dp, fill)
-        except PlannerError:
-            if first_error is not None:
-                raise first_error from None
-            raise
-        try:
-            best = _partition(ctx, is_dp, choices[0])
-        except PlannerError as exc:
-            first_error = first_error or exc
-            continue
-        if (opts.strategy == "balanced" and best.layout.rank.size <= CACHE_SHARDS
-                and best.load.max() > CACHE_UNEVEN * best.load.mean()):
-            # a balanced plan's maximum is its mean, which the estimate already minimised
-            best = _other_caches(ctx, is_dp, best, choices[1:CACHE_TRIES + 1])
-        if opts.strategy == "balanced" and DESCENT:
-            best = _descend(ctx, best)
-        if opts.strategy == "balanced" and ROCKS_WHILE_UNEVEN and not _even(best):
-            best = _rocks_left(ctx, is_dp, choices[0], best)
-        return best
+    # where no start packs at any fill, starts of small pieces (the easiest to pack) at each
+    for small in (False, True) if opts.strategy == "balanced" and SMALL_PIECES else (False,):
+        for fill in TIER_FILLS:
+            try:
+                choices = _tiers(ctx, is_dp, fill)
+            except PlannerError:
+                if first_error is None:
+                    raise
+                break  # no lower fill assigns tiers
+            try:
+                best = _partition(ctx, is_dp, choices[0], small=small)
+            except PlannerError as exc:
+                first_error = first_error or exc
+                continue
+            if (opts.strategy == "balanced" and best.layout.rank.size <= CACHE_SHARDS
+                    and best.load.max() > CACHE_UNEVEN * best.load.mean()):
+                # a balanced plan's maximum is its mean, which the estimate already minimised
+                best = _other_caches(ctx, is_dp, best, choices[1:CACHE_TRIES + 1])
+            if opts.strategy == "balanced" and DESCENT:
+                best = _descend(ctx, best)
+            if opts.strategy == "balanced" and ROCKS_WHILE_UNEVEN and not _even(best):
+                best = _rocks_left(ctx, is_dp, choices[0], best)
+            return best
     assert first_error is not None
     raise first_error
 
@@ -200,21 +213,23 @@ def _fractions(opts: PlannerOptions) -> tuple[float, ...]:
 
 def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
                retier: int = RETIER_ROUNDS, packed: bool = True,
-               rocks_left: bool = False) -> Solution | None:
+               rocks_left: bool = False, small: bool = False) -> Solution | None:
     """Stages 3-7 on ``tiers``. ``rocks_left``: only the pools of rock starts that the first
     search passed over (their best start worse than the others'), searched until one ends
-    within ``BALANCE`` of its mean; None where there are none."""
+    within ``BALANCE`` of its mean; None where there are none. ``small``: only the starts of
+    small pieces (``SMALL_PIECES``)."""
     balanced = ctx.opts.strategy == "balanced"
     few = int((~is_dp).sum()) <= ROCKS_TABLES_PER_RANK * ctx.W
-    rocks = balanced and ctx.W > 1 and few
+    rocks = balanced and ctx.W > 1 and few and not small
     if rocks_left and not rocks:
         return None
     prices = price_options(ctx, tiers.tier, tiers.cache)
     results: list[tuple[Solution, np.ndarray]] = []
     tried: list[np.ndarray] = []
     error: PlannerError | None = None
-    trials: list[tuple[float, bool | None]] = [(f, False) for f in _fractions(ctx.opts)]
-    if balanced and ctx.W > 1:
+    trials: list[tuple[float, bool | None]] = [] if small else [
+        (f, False) for f in _fractions(ctx.opts)]
+    if balanced and ctx.W > 1 and not small:
         # also: split against the load placement can still move, and whole tables (the
         # table-wise start, so the search never ends above the greedy baseline)
         trials += [(f, True) for f in _fractions(ctx.opts)] + [(1.0, None)]
@@ -254,6 +269,16 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
             except PlannerError as exc:
                 error = error or exc
         pools.append(rocky)
+    for share in SMALL_PIECES if small else ():
+        # every table cut into pieces of at most a share of a rank's bytes
+        choice = small_pieces(ctx, prices, is_dp, tiers.tier, share)
+        if any(np.array_equal(choice, ch) for ch in tried):
+            continue
+        tried.append(choice)
+        try:
+            results.append((_place(ctx, choice, is_dp, tiers), choice))
+        except PlannerError as exc:
+            error = error or exc
     if not results and not any(pools):
         assert error is not None
         raise error
@@ -268,7 +293,7 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         if rocky and passed_over == rocks_left and not (rocks_left and any(map(_even, ends))):
             ends.append(_refine(ctx, tiers, prices, rocky, packed))
     if rocks_left:
-        return _best(ends) if ends else None
+        return best_of(ends) if ends else None
     if balanced and retier > 0 and ctx.W > ctx.Lw:
         # promoted from the first end (the others' starts only add ends to choose from)
         new_tiers = _promote(ctx, tiers, ends[0])
@@ -277,15 +302,7 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
                 ends.append(_partition(ctx, is_dp, new_tiers, retier - 1, packed))
             except PlannerError:
                 pass
-    return _best(ends)
-
-
-def _best(ends: list[Solution]) -> Solution:
-    best = ends[0]
-    for sol in ends[1:]:
-        if better(sol, best):
-            best = sol
-    return best
+    return best_of(ends)
 
 
 def _even(sol: Solution) -> bool:

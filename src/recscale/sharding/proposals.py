@@ -140,6 +140,22 @@ def rocks_and_sand(ctx: PlanContext, prices: OptionPrices, is_dp: np.ndarray, gr
     return np.where(is_dp, dp, choice)
 
 
+def small_pieces(ctx: PlanContext, prices: OptionPrices, is_dp: np.ndarray, tier: np.ndarray,
+                 share: float) -> np.ndarray:
+    """Option per table, for when no other start packs: the cheapest in total whose widest
+    shard holds at most ``share`` of one rank's bytes in its tier (and the compute tier), else
+    the one whose widest shard holds the fewest bytes (``share`` 0: every table so)."""
+    oc = prices.costs
+    valid = ctx.grid.valid.copy()
+    valid[:, ctx.dp_col] = False
+    size = np.where(valid, oc.wide_storage + oc.wide_ct, INF)
+    smallest = _argmin_tie(size, np.where(valid, oc.total, INF))
+    small = _fits(ctx, tier, oc.wide_storage, oc.wide_ct, share) & valid
+    cheapest = _argmin_tie(np.where(small, oc.total, INF), np.where(small, size, INF))
+    choice = np.where(small.any(axis=1), cheapest, smallest)
+    return np.where(is_dp, ctx.dp_col, choice)
+
+
 def _argmin_tie(primary: np.ndarray, secondary: np.ndarray) -> np.ndarray:
     best = primary.min(axis=1, keepdims=True)
     near = primary <= best * (1 + 1e-9)

@@ -216,3 +216,12 @@ def better(a: Solution, b: Solution, rel: float = 1e-9) -> bool:
     if ma > mb * (1 + rel):
         return False
     return ma / max(a.load.mean(), 1e-300) < mb / max(b.load.mean(), 1e-300) * (1 - rel)
+
+
+def best_of(sols: list[Solution]) -> Solution:
+    """The first of the best (``better``) of ``sols``."""
+    best = sols[0]
+    for sol in sols[1:]:
+        if better(sol, best):
+            best = sol
+    return best
