@@ -234,13 +234,13 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
         # table-wise start, so the search never ends above the greedy baseline)
         trials += [(f, True) for f in _fractions(ctx.opts)] + [(1.0, None)]
     only_dp = only_data_parallel(ctx)
-    for f, movable in trials:
-        dp = is_dp
-        if movable is None:
-            dp = only_dp
-            choice = select(ctx, prices, dp, f, baseline=True).choice
-        else:
-            choice = select(ctx, prices, is_dp, f, movable).choice
+    starts = [(select(ctx, prices, only_dp, f, baseline=True).choice, only_dp)
+              if movable is None else (select(ctx, prices, is_dp, f, movable).choice, is_dp)
+              for f, movable in trials]
+    # where nothing else packs: every table cut into pieces of at most a share of a rank's bytes
+    starts += [(small_pieces(ctx, prices, is_dp, tiers.tier, share), is_dp)
+               for share in (SMALL_PIECES if small else ())]
+    for choice, dp in starts:
         if any(np.array_equal(choice, ch) for ch in tried):
             continue
         tried.append(choice)
@@ -269,16 +269,6 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
             except PlannerError as exc:
                 error = error or exc
         pools.append(rocky)
-    for share in SMALL_PIECES if small else ():
-        # every table cut into pieces of at most a share of a rank's bytes
-        choice = small_pieces(ctx, prices, is_dp, tiers.tier, share)
-        if any(np.array_equal(choice, ch) for ch in tried):
-            continue
-        tried.append(choice)
-        try:
-            results.append((_place(ctx, choice, is_dp, tiers), choice))
-        except PlannerError as exc:
-            error = error or exc
     if not results and not any(pools):
         assert error is not None
         raise error
