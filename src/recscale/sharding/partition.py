@@ -279,8 +279,10 @@ def _partition(ctx: PlanContext, is_dp: np.ndarray, tiers: TierAssignment,
     if results and not rocks_left:
         ends.append(_refine(ctx, tiers, prices, results, packed))
     for rocky in pools:
-        passed_over = bool(rocky) and bool(results) and better(_first(results), _first(rocky))
-        if rocky and passed_over == rocks_left and not (rocks_left and any(map(_even, ends))):
+        if not rocky or (rocks_left and any(map(_even, ends))):
+            continue
+        passed_over = bool(results) and better(_first(results), _first(rocky))
+        if passed_over == rocks_left:
             ends.append(_refine(ctx, tiers, prices, rocky, packed))
     if rocks_left:
         return best_of(ends) if ends else None
