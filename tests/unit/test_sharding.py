@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -349,8 +350,16 @@ def test_shards_that_do_not_pack_name_the_table():
               for i in range(3)]
     with pytest.raises(PlannerError) as info:
         plan_sharding(tables, topo, 64)
+    msg = str(info.value)
     assert info.value.table in {"w0", "w1", "w2"}
-    assert "GB" in str(info.value) and "more ranks" in str(info.value)
+    assert "GB" in msg and "more ranks (> 2)" in msg and "a lower tier (ssd) on the topology" in msg
+    # the whole mix's demand on the tier, so the user sees the pieces, not the bytes, are the
+    # problem: the three tables' weights and state (90% of the usable bytes) and their buffers
+    got = re.search(r"all shards need ([\d.]+) GB of the 21.60 GB usable in 'ddr' on 2 ranks "
+                    r"\((\d+)%\)", msg)
+    assert got, msg
+    assert 3 * rows * 68 <= float(got[1]) * 1e9 <= 3 * rows * 68 * 1.02
+    assert int(got[2]) == round(100 * float(got[1]) / 21.6)
     # allowed to split, the same tables fit
     plan = plan_sharding([TableSpec(t.name, t.num_embeddings, 16) for t in tables], topo, 64)
     assert all(r.ddr_bytes <= 12e9 * 0.9 for r in plan.ranks)

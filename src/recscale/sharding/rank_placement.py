@@ -211,17 +211,22 @@ def _raise_unplaceable(ctx: PlanContext, lay: Layout, s: int, e: int, free: np.n
     a = short[0] if short else int(lay.tier[s])
     what = "cache + I/O buffers" if a == ctx.ct and a != int(lay.tier[s]) else "shard"
     room = float(np.sort(free[a])[::-1][min(k, ctx.W) - 1])
+    # the whole mix's demand on that tier: placed so far, plus every shard still to place
+    usable = float(ctx.budget[a]) * ctx.W
+    demand = usable - float(free[a].sum()) + float(lay.need[lay.rank < 0, a].sum())
     sug = [f"more ranks (> {ctx.W})"]
     if opts.weight_precision == "fp32":
         sug.append("fp16 weights (weight_precision='fp16')")
     missing = [t for t in TIERS[1:] if ctx.topo.capacity(t) <= 0]
     if missing:
-        sug.append(f"a lower tier ({', '.join(missing)})")
+        sug.append(f"a lower tier ({', '.join(missing)}) on the topology")
     if opts.cache_fraction:
         sug.append("a smaller cache_fraction")
     raise PlannerError(
         f"table {name!r}: its {k} shard(s) need {gb(need[a])} each ({what}) in tier "
         f"{TIERS[a]!r} but only {min(k, ctx.W)} rank(s) with {gb(room)} free remain after "
         f"placing larger shards (capacity {gb(ctx.capacity[a])} per rank, memory_fraction="
-        f"{opts.memory_fraction}); to fit, use " + "; or ".join(sug),
+        f"{opts.memory_fraction}); all shards need {gb(demand)} of the {gb(usable)} usable in "
+        f"{TIERS[a]!r} on {ctx.W} ranks ({demand / usable:.0%}); to fit, use "
+        + "; or ".join(sug),
         table=name, bytes_needed=float(need[a]), capacity=room, suggestions=sug)
