@@ -24,10 +24,12 @@ import bench_balance as bb  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _without_descent(monkeypatch):
-    """Every test here plans without the final plan's descent (``partition.DESCENT``): it would
-    take over the gain of the mechanism each one compares with and without (it lowers seed 36's
-    plan without ``_memory_hog`` to the plan with it, say)."""
+    """Every test here plans without the final plan's descent (``partition.DESCENT``) and exact
+    stage (``partition.EXACT``): they would take over the gain of the mechanism each one
+    compares with and without (descent lowers seed 36's plan without ``_memory_hog`` to the
+    plan with it, say)."""
     monkeypatch.setattr(partition, "DESCENT", False)
+    monkeypatch.setattr(partition, "EXACT", False)
 
 
 def _without_search(monkeypatch):

@@ -25,11 +25,9 @@ from bench_balance import balance  # noqa: E402
 
 SEEDS = range(40)
 
-# mixes whose balanced plan misses the rule today (issue 42 is open on them), with the figures
-RULE_MISSES = {
-    23: "known planner miss (issue 42): 10 tables on 16 dgx-h100 ranks, max/mean 1.051 against "
-        "1.05 (max 1.095 x the bound); a wider search keeps the same max at a mean giving 1.043",
-}
+# mixes whose balanced plan misses the rule, with the figures (none: mix 23, 10 tables on 16
+# dgx-h100 ranks, met it once options and ranks were chosen together, ``sharding.exact``)
+RULE_MISSES: dict[int, str] = {}
 
 
 def small_mix(seed: int):

@@ -65,7 +65,9 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    step 6), the pools step 6 passed over are searched (steps 6-7) and descended, one at a time
    until one ends within 1.05, and the best plan kept (``_rocks_left``): a rock start can place
    worse than the others and still end better, once the search moves apart the host-bound
-   rocks that placement piled up.
+   rocks that placement piled up;
+12. where it is still not, on at most ``exact.CELLS`` (piece, rank) pairs, every table's option
+   and every piece's rank are chosen at once by CP-SAT, the plan as its hint (``exact.exact``).
 
 Baselines (``strategy``): "greedy" and "round_robin" place whole tables (row-wise only for tables
 too large for one rank) by LPT or in table order, with the same cost model, tiers and capacities,
@@ -81,6 +83,7 @@ import numpy as np
 
 from .context import PlanContext
 from .descent import BALANCE, descend
+from .exact import exact
 from .local_search import improve
 from .option_grid import TableArrays
 from .option_search import cache_prices, choice_of, largest_piece, reoption, tier_prices
@@ -128,6 +131,8 @@ SMALL_PIECES = (0.5, 0.25, 0.1, 0.0)
 # Where the plan is still not within ``BALANCE`` of its mean at the end, the pools the search
 # passed over (their best start worse than the others') are searched too (``_rocks_left``).
 ROCKS_WHILE_UNEVEN = True
+# Small plans still not within ``BALANCE``: options and ranks chosen again at once (``exact``).
+EXACT = True
 # Plans of at most this many shards, with tables spilled below the compute tier, are also planned
 # with the ``CACHE_TRIES`` next cache fractions' tier assignments (``_other_caches``).
 CACHE_SHARDS = 600
@@ -173,6 +178,8 @@ def solve(tables: TableArrays, topo: Topology, batch_size_per_rank: int,
                 best = _descend(ctx, best)
             if opts.strategy == "balanced" and ROCKS_WHILE_UNEVEN and not _even(best):
                 best = _rocks_left(ctx, is_dp, choices[0], best)
+            if opts.strategy == "balanced" and EXACT:
+                best = exact(ctx, best)
             return best
     assert first_error is not None
     raise first_error
