@@ -45,15 +45,16 @@ def exact(ctx: PlanContext, sol: Solution) -> Solution:
     fixed = float(sol.dp_compute.sum() + sol.dp_comms.sum())  # replicated: on every rank
     budget = ctx.budget - sol.dp_need.sum(axis=0)
     choice = choice_of(ctx, sol)
-    cands = _candidates(ctx, sol, choice, top)
+    # each sharded table's (option, tier, cache) in the plan
+    current = {tab: (int(choice[tab]), int(lay.tier[s]), float(lay.cache[s]))
+               for tab, s, _ in lay.groups}
+    cands = _candidates(ctx, sol, current, top)
     if cands is None:
         return sol
     cheapest = {}
     for tab, _, cost, _, _ in cands:
         cheapest[tab] = min(cheapest.get(tab, np.inf), float(cost.sum()))
     room = W * (top - fixed) - sum(cheapest.values())
-    current = {tab: (int(choice[tab]), int(lay.tier[s]), float(lay.cache[s]))
-               for tab, s, _ in lay.groups}
     cands = [c for c in cands if float(c[2].sum()) - cheapest[c[0]] <= room * (1 + 1e-9)
              or c[1] == current[c[0]]]
     if sum(c[2].size for c in cands) * W > CELLS:
@@ -81,13 +82,13 @@ def exact(ctx: PlanContext, sol: Solution) -> Solution:
     return out if float(out.load.max()) < top * (1 - 1e-9) else sol
 
 
-def _candidates(ctx: PlanContext, sol: Solution, choice: np.ndarray, top: float):
-    """(table, (option, tier, cache), piece costs, piece bytes (pieces, 3)) for every sharded
-    table's options that one rank can hold, no piece above ``top`` (the plan's own always)."""
-    lay, g, t = sol.layout, ctx.grid, ctx.tables
+def _candidates(ctx: PlanContext, sol: Solution, current: dict, top: float):
+    """(table, (option, tier, cache), piece costs, piece bytes (pieces, 3), host-bound) for
+    every sharded table's options that one rank can hold, no piece above ``top`` (the plan's
+    own, ``current``, always)."""
+    g, t = ctx.grid, ctx.tables
     out = []
-    for tab, s, _ in lay.groups:
-        own = (int(choice[tab]), int(lay.tier[s]), float(lay.cache[s]))
+    for tab, own in current.items():
         tiers = [int(t.pinned[tab])] if t.pinned[tab] >= 0 else list(ctx.avail)
         keys = {own}
         for j in np.flatnonzero(g.valid[tab]):
@@ -118,7 +119,7 @@ def _solve(ctx: PlanContext, cands, current, sol: Solution, top: float, fixed: f
     md = cp_model.CpModel()
     unit = np.where(budget > 0, budget, 1.0) / SCALE
     cap = np.floor(budget / unit).astype(np.int64)
-    y, x = [], []
+    y, x, totals = [], [], []
     per_rank_cost = [[] for _ in range(W)]
     per_rank_mem = [[[] for _ in range(W)] for _ in range(3)]
     per_table_rank: dict = {}
@@ -129,6 +130,7 @@ def _solve(ctx: PlanContext, cands, current, sol: Solution, top: float, fixed: f
         yv = md.NewBoolVar(f"y{ci}")
         y.append(yv)
         c = np.ceil(cost / top * SCALE).astype(np.int64)
+        totals.append(int(c.sum()))
         nb = np.ceil(need / unit[None, :]).astype(np.int64)
         own = hint[tab][0] == key
         ranks = hint[tab][1].copy()
@@ -176,8 +178,7 @@ def _solve(ctx: PlanContext, cands, current, sol: Solution, top: float, fixed: f
             if per_rank_mem[t][r]:
                 md.Add(sum(k * v for k, v in per_rank_mem[t][r]) <= int(cap[t]))
     # the ranks' total (implied; it tightens the relaxation)
-    md.Add(sum(int(np.ceil(c[2] / top * SCALE).sum()) * y[ci] for ci, c in enumerate(cands))
-           + W * base <= W * z)
+    md.Add(sum(k * v for k, v in zip(totals, y)) + W * base <= W * z)
     md.Minimize(z)
     solver = cp_model.CpSolver()
     prm = solver.parameters
