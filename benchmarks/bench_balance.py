@@ -2,7 +2,7 @@
 each planned, its slowest rank against the mean and against the lower bound.
 
     .venv/bin/python benchmarks/bench_balance.py [--mixes 300] [--seed 0] [--replay SEED]
-        [--jobs N] [--json PATH] [--large K]
+        [--jobs N] [--json PATH] [--large K] [--small K]
 
 ``--jobs 2`` plans two mixes at a time (for the balance figures; quote planning seconds from
 ``--jobs 1``, the default, as they share the cores otherwise); ``--json`` writes every mix's row.
@@ -86,6 +86,27 @@ def draw_mix(seed: int, large: bool = False) -> dict:
             "options": {"weight_precision": precision}, "fill": fill}
 
 
+def small_mix(seed: int):
+    """The property tests' mix of ``seed`` (tests/unit/test_sharding_properties.py): 3-59
+    tables on 1-16 ranks of any preset, weights 0.05-1.5x the compute tier of all ranks ->
+    (tables, topology, planner options); planned at a local batch of 256."""
+    rng = np.random.default_rng([seed, 7])
+    n = int(rng.integers(3, 60))
+    preset = str(rng.choice(sorted(PRESETS)))
+    lws = int(rng.integers(1, 5)) if preset == "cpu-local" else 4
+    topo = Topology.preset(preset, world_size=lws * int(rng.integers(1, 5)), local_world_size=lws)
+    rows = (10 ** rng.uniform(2, 2 + rng.uniform(2, 6), n)).astype(np.int64)
+    dims = 16 * rng.integers(1, 17, n)
+    pool = np.exp(rng.uniform(0, math.log(200), n))
+    wp = 2 if rng.random() < 0.5 else 4
+    fast = topo.capacity(topo.compute_tier) * topo.world_size
+    scale = rng.uniform(0.05, 1.5) * fast / float((rows * dims * wp).sum())
+    rows = np.maximum(10, (rows * scale)).astype(np.int64)
+    tables = [TableSpec(f"t{i:02d}", int(r), int(d), float(p))
+              for i, (r, d, p) in enumerate(zip(rows, dims, pool))]
+    return tables, topo, {"weight_precision": "fp16" if wp == 2 else "fp32"}
+
+
 def run_mix(seed: int, large: bool = False) -> dict:
     mix = draw_mix(seed, large)
     topo = mix["topology"]
@@ -107,13 +128,16 @@ def run_mix(seed: int, large: bool = False) -> dict:
 def balance(plan) -> dict:
     """A plan's balance figures and whether it meets the rule: max/mean <= 1.05 where the
     bound's largest unsplittable piece is at most the mean rank cost (balance is possible), and
-    max <= 1.10 x max(mean, largest piece) everywhere."""
+    max <= 1.10 x max(mean, largest piece) everywhere. Where memory makes pieces share ranks the
+    bound's coupled-pieces term (``sharding/coupled.py``, small mixes) is the least such
+    "piece": the least slowest rank any placement of them allows."""
     lb = plan_lower_bound(plan)
     mean, mx = plan.mean_cost, plan.max_cost
-    out = dict(max_s=mx, mean_s=mean, bound_s=lb.value, piece_s=lb.largest_piece,
+    piece = max(lb.largest_piece, lb.coupled)
+    out = dict(max_s=mx, mean_s=mean, bound_s=lb.value, piece_s=piece,
                max_over_mean=mx / mean, max_over_bound=mx / lb.value,
-               balance_possible=lb.largest_piece <= mean,
-               max_over_rule=mx / max(mean, lb.largest_piece))
+               balance_possible=piece <= mean,
+               max_over_rule=mx / max(mean, piece))
     out["meets"] = (out["max_over_rule"] <= 1.10
                     and (not out["balance_possible"] or out["max_over_mean"] <= 1.05))
     return out
@@ -141,6 +165,31 @@ def _large(first: int, k: int) -> int:
     return 0
 
 
+def _small(first: int, k: int) -> int:
+    print(f"property-test mixes {first}..{first + k - 1} (benchmarks' small_mix), local batch 256")
+    rows = []
+    for seed in range(first, first + k):
+        tables, topo, opts = small_mix(seed)
+        t0 = time.perf_counter()
+        try:
+            plan = plan_sharding(tables, topo, 256, opts)
+        except PlannerError:
+            rows.append({"seed": seed})
+            continue
+        rows.append({"seed": seed, "seconds": time.perf_counter() - t0, **balance(plan)})
+    ok = [r for r in rows if "meets" in r]
+    sec = [r["seconds"] for r in ok]
+    print(f"{len(ok)} planned ({len(rows) - len(ok)} did not fit), "
+          f"{sum(r['meets'] for r in ok)} meet the rule, "
+          f"{sum(r['balance_possible'] for r in ok)} with balance possible; planning s median "
+          f"{_q(sec, 0.5):.2f}, p95 {_q(sec, 0.95):.2f}, worst {max(sec, default=0):.2f}")
+    for r in sorted(ok, key=lambda r: -r["max_over_rule"])[:5]:
+        print(f"  seed {r['seed']}: max/mean {r['max_over_mean']:.3f}, over the rule's "
+              f"max(mean, piece) {r['max_over_rule']:.3f}, balance possible "
+              f"{r['balance_possible']}, {r['seconds']:.2f} s")
+    return 0 if all(r["meets"] for r in ok) else 1
+
+
 def _q(values, q):
     return float(np.quantile(np.asarray(values), q)) if values else float("nan")
 
@@ -153,12 +202,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worst", type=int, default=10, help="worst mixes to list")
     ap.add_argument("--jobs", type=int, default=1, help="mixes planned at a time")
     ap.add_argument("--json", default=None, help="write every mix's results to this file")
+    ap.add_argument("--small", type=int, default=0, metavar="K",
+                    help="instead: the property tests' small mixes, K from --seed: how many "
+                         "meet the rule")
     ap.add_argument("--large", type=int, default=0, metavar="K",
                     help="instead: K mixes (from --seed) drawn at 1,000 tables x 128 zionex "
                          "ranks, fp16, each planned 3 times: median planning seconds")
     args = ap.parse_args(argv)
     if args.large:
         return _large(args.seed, args.large)
+    if args.small:
+        return _small(args.seed, args.small)
     if args.replay is not None:
         r = run_mix(args.replay)
         print(r)

@@ -1,13 +1,14 @@
 """The planner's exact stage (``sharding.exact``): a small plan still above 1.05 x its mean has
-every table's option and every piece's rank chosen again at once by CP-SAT; the result is a
-valid plan with a lower slowest rank, the same on every run; even or large plans are left
-alone."""
+every table's option and every piece's rank chosen again at once by CP-SAT, a slow tier's tables
+at the plan's cache fraction and then at any; the result is a valid plan with a lower slowest
+rank, the same on every run; even or large plans are left alone."""
 
 import numpy as np
 import pytest
 
 from recscale.sharding import exact as E
 from recscale.sharding import partition, plan_sharding
+from recscale.sharding.bounds import plan_lower_bound
 from tests.unit.test_sharding import check_geometry
 from tests.unit.test_sharding_properties import small_mix
 
@@ -38,7 +39,15 @@ def test_a_small_uneven_plan_gets_options_and_ranks_chosen_together(monkeypatch)
     assert sol_out is not sol_in
     assert plan.max_cost == pytest.approx(float(sol_out.load.max()))
     assert plan.max_cost < 0.97 * before.max_cost  # 0.961 x
-    # a valid plan: every table tiled, host-bound groups in one host, every tier within budget
+    _check_valid(plan)
+    # deterministic: the solver's work is counted, not timed
+    again, _ = _plan(160, monkeypatch)
+    assert [t.to_dict() for t in again.tables] == [t.to_dict() for t in plan.tables]
+
+
+def _check_valid(plan):
+    """Every table tiled, host-bound groups in one host, every tier within budget, every rank's
+    cost its shards'."""
     mf = plan.options.memory_fraction
     for tp in plan.tables:
         check_geometry(tp, plan.topology)
@@ -46,9 +55,24 @@ def test_a_small_uneven_plan_gets_options_and_ranks_chosen_together(monkeypatch)
         for tier in ("hbm", "ddr", "ssd"):
             assert r.memory(tier) <= plan.topology.capacity(tier) * mf * (1 + 1e-9), (r.rank, tier)
         assert r.cost == pytest.approx(sum(s.cost for _, s in plan.shards_for_rank(r.rank)))
-    # deterministic: the solver's work is counted, not timed
-    again, _ = _plan(160, monkeypatch)
-    assert [t.to_dict() for t in again.tables] == [t.to_dict() for t in plan.tables]
+
+
+def test_a_slow_tier_at_another_cache_fraction_is_tried_where_the_plans_own_stays_uneven(
+        monkeypatch):
+    # property mix 134: 5 tables on 8 dgx-h100 ranks (2 hosts), all in HBM without a cache. The
+    # plan's own cache fraction (none) cannot do better than 1.13 x the largest piece (t04's
+    # column pieces); t02's columns in DDR with half their rows cached in HBM, on the ranks
+    # t04 leaves, can: the slowest rank is then t04's piece alone
+    before, _ = _plan(134, monkeypatch, on=False)
+    assert {s.tier for t in before.tables for s in t.shards} == {"hbm"}
+    plan, calls = _plan(134, monkeypatch)
+    lb = plan_lower_bound(plan, coupled=False)
+    assert before.max_cost > 1.12 * lb.largest_piece
+    assert plan.max_cost == pytest.approx(lb.largest_piece, rel=1e-6)
+    t02 = next(t for t in plan.tables if t.name == "t02")
+    assert {(s.tier, s.cache_fraction) for s in t02.shards} == {("ddr", 0.5)}
+    assert plan.cache_fraction == 0.5  # the plan's: the one its slow-tier table took
+    _check_valid(plan)
 
 
 def test_an_even_plan_or_one_with_too_many_cells_is_left_alone(monkeypatch):

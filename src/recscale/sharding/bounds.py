@@ -25,7 +25,7 @@ so they bound the planner's own estimate, not measured time; I/O buffers are lef
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,19 +36,25 @@ from .types import TIERS, PlannerOptions, TableSpec
 
 # Tables paired in the piece bound (the largest bounds alone; pairs grow as their square).
 PAIR_TABLES = 12
+# A plan's slowest rank above this x both the bound's other terms and its mean: the coupled-
+# pieces term (``coupled.py``) is worked out too (below it the plan is within the rule anyway).
+COUPLED_ABOVE = 1.05
 
 
 @dataclass(frozen=True)
 class LowerBound:
-    """Seconds: ``value`` = max(``total_over_ranks``, ``largest_piece``); ``piece_table``: the
-    table whose piece sets ``largest_piece``; ``spread_floor``: the part of ``largest_piece``
-    that tables split over every rank put on each rank beside that piece."""
+    """Seconds: ``value`` = max(``total_over_ranks``, ``largest_piece``, ``coupled``);
+    ``piece_table``: the table whose piece sets ``largest_piece``; ``spread_floor``: the part of
+    ``largest_piece`` that tables split over every rank put on each rank beside that piece;
+    ``coupled``: the least slowest rank of pieces that memory makes share ranks (``coupled.py``;
+    0 where not worked out)."""
 
     value: float
     total_over_ranks: float
     largest_piece: float
     piece_table: str
     spread_floor: float = 0.0
+    coupled: float = 0.0
 
 
 def lower_bound(tables: Sequence[TableSpec], topo: Topology, batch_size: int,
@@ -267,13 +273,29 @@ def _spread(cost: np.ndarray, nbytes: np.ndarray, topo: Topology,
     return float(res.fun)
 
 
-def plan_lower_bound(plan) -> LowerBound:
+def plan_lower_bound(plan, coupled: bool = True) -> LowerBound:
     """The bound for a plan's tables (their constraints unknown to the plan: every option is
-    allowed, which can only lower the bound, so it stays a bound)."""
+    allowed, which can only lower the bound, so it stays a bound). With ``coupled``, where the
+    plan's slowest rank is more than ``COUPLED_ABOVE`` x both that bound and the plan's mean
+    and the mix is small (``coupled.CELLS``), the coupled-pieces term too (over every cache
+    fraction the planner may choose; the plan's maximum its upper limit)."""
     specs = [TableSpec(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor,
                        feature_names=t.feature_names, distinct_fraction=t.distinct_fraction)
              for t in plan.tables]
-    caches = {plan.cache_fraction} | {s.cache_fraction for t in plan.tables for s in t.shards
-                                      if s.tier != plan.topology.compute_tier}
-    return lower_bound(specs, plan.topology, plan.batch_size_per_rank, plan.options,
-                       sorted(caches))
+    caches = sorted({plan.cache_fraction} | {s.cache_fraction for t in plan.tables
+                                             for s in t.shards
+                                             if s.tier != plan.topology.compute_tier})
+    lb = lower_bound(specs, plan.topology, plan.batch_size_per_rank, plan.options, caches)
+    if not coupled or plan.max_cost <= COUPLED_ABOVE * max(lb.value, plan.mean_cost):
+        return lb
+    from .context import PlanContext
+    from .coupled import coupled_bound
+    from .tiering import cache_candidates
+
+    # every cache fraction the planner may choose, not only this plan's
+    o = plan.options
+    ctx = PlanContext.build(TableArrays.build(specs), plan.topology, plan.batch_size_per_rank, o)
+    v = coupled_bound(ctx, sorted(set(cache_candidates(o)) | set(caches)), plan.max_cost)
+    if v is None:
+        return lb
+    return replace(lb, value=max(lb.value, v), coupled=v)

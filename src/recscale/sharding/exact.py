@@ -5,14 +5,16 @@ Out: ``exact`` -> a ``Solution`` with a lower maximum rank cost, or the same one
 
 The search before this stage changes one or two tables at a time; where pieces near a rank
 each must tile the ranks, and memory decides which may share one, the even plans can lie several
-changes away (the property tests' mix 23: every single change raised the slowest rank). Here, where the plan is above ``BALANCE`` x its mean
-and at most ``CELLS`` (candidate piece, rank) pairs, every sharded table's options (sharding type
-and split, in its plan's tier or any tier it may take, a slow tier with the plan's cache
-fraction) whose costliest piece is below the plan's maximum and whose total the plan's maximum
+changes away (the property tests' mix 23: every single change raised the slowest rank). Here,
+where the plan is above ``BALANCE`` x its mean and at most ``CELLS`` (candidate piece, rank)
+pairs, every sharded table's options (sharding type and split, in its plan's tier or any tier it
+may take) whose costliest piece is below the plan's maximum and whose total the plan's maximum
 still allows, and a rank for every piece, are chosen at once by OR-tools' CP-SAT solver: one
 option per table, each piece on one rank, at most one piece of a table per rank, a host-bound
 table's pieces on one host, every tier's bytes within its budget on every rank, minimising the
-slowest rank. The plan is the solver's hint; replicated tables stay as they are. Costs are
+slowest rank. A slow tier's tables take the plan's cache fraction first and, where the plan is
+still uneven, any the planner may choose (mix 134: one table's columns in DDR with half their
+rows cached). The plan is the solver's hint; replicated tables stay as they are. Costs are
 rounded up and budgets down, so what the solver accepts fits; the answer is rebuilt from the
 cost model and kept only if its slowest rank is lower. Deterministic: an interleaved search
 under a limit of deterministic time (counted work, not wall-clock), the same answer on any
@@ -23,13 +25,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import PlanContext
+from .context import PlanContext, option_costs
+from .cpsat import PlacementModel
 from .descent import BALANCE
 from .option_search import choice_of
 from .shards import Solution, build_layout, summarize
+from .tiering import cache_candidates
 
 # (candidate piece, rank) pairs at most: above it the model takes longer to build than to gain
 CELLS = 40_000
+# the same before the options are cut into pieces and those the plan's maximum cannot carry left
+# out (on the property mixes that leaves 55-95% of them)
+PRE_CELLS = 4 * CELLS
 # CP-SAT's deterministic time limit (its unit is about a second of one core's work here)
 WORK = 20.0
 # costs in 1/SCALE of the plan's maximum; bytes in 1/SCALE of a rank's budget
@@ -37,6 +44,15 @@ SCALE = 100_000
 
 
 def exact(ctx: PlanContext, sol: Solution) -> Solution:
+    """First with a slow tier's tables at the plan's cache fraction, then, where the plan is
+    still uneven, at any the planner may choose (a larger model: where the first finds a plan it
+    is found sooner)."""
+    for caches in ((sol.cache_fraction,), cache_candidates(ctx.opts)):
+        sol = _once(ctx, sol, caches)
+    return sol
+
+
+def _once(ctx: PlanContext, sol: Solution, caches) -> Solution:
     lay = sol.layout
     W, ct = ctx.W, ctx.ct
     top = float(sol.load.max())
@@ -48,7 +64,7 @@ def exact(ctx: PlanContext, sol: Solution) -> Solution:
     # each sharded table's (option, tier, cache) in the plan
     current = {tab: (int(choice[tab]), int(lay.tier[s]), float(lay.cache[s]))
                for tab, s, _ in lay.groups}
-    cands = _candidates(ctx, sol, current, top)
+    cands = _candidates(ctx, current, top, caches)
     if cands is None:
         return sol
     cheapest = {}
@@ -76,27 +92,40 @@ def exact(ctx: PlanContext, sol: Solution) -> Solution:
         return sol  # rounding let it through: keep the plan
     occ = np.zeros((ctx.n, W), dtype=np.int32)
     np.add.at(occ, (new.table, new.rank), 1)
+    # the plan's cache fraction: its own while a slow-tier table keeps it, else the largest taken
+    spilled = {key[2] for key, _ in got.values() if key[1] != ct}
+    cf = sol.cache_fraction if not spilled or sol.cache_fraction in spilled else max(spilled)
     out = summarize(ctx, new, sol.dp_tables, sol.dp_compute, sol.dp_comms, sol.dp_need,
-                    sol.dp_storage, sol.cache_fraction, free, occ)
+                    sol.dp_storage, cf, free, occ)
     # a lower slowest rank only: the same maximum at a higher mean is more work for no faster step
     return out if float(out.load.max()) < top * (1 - 1e-9) else sol
 
 
-def _candidates(ctx: PlanContext, sol: Solution, current: dict, top: float):
+def _candidates(ctx: PlanContext, current: dict, top: float, caches):
     """(table, (option, tier, cache), piece costs, piece bytes (pieces, 3), host-bound) for
-    every sharded table's options that one rank can hold, no piece above ``top`` (the plan's
-    own, ``current``, always)."""
+    every sharded table's options, in any tier it may take (a slow tier with any of
+    ``caches``), that one rank can hold, no piece above ``top`` (the plan's own, ``current``,
+    always)."""
     g, t = ctx.grid, ctx.tables
+    keys = {tab: {own} for tab, own in current.items()}
+    tabs = np.array(sorted(current), dtype=np.int64)
+    cells = 0
+    for ti in ctx.avail:
+        for cf in (0.0,) if ti == ctx.ct else caches:
+            # widest pieces priced for every table at once: most options end here
+            oc = option_costs(ctx, np.full(ctx.n, ti), np.full(ctx.n, cf))
+            ok = (g.valid & (oc.max < top) & (g.n_shards <= ctx.W)
+                  & (oc.wide_storage <= ctx.budget[ti]))[tabs]
+            ok[:, ctx.dp_col] = False
+            ok &= ((t.pinned[tabs] < 0) | (t.pinned[tabs] == ti))[:, None]
+            cells += int(g.n_shards[tabs][ok].sum()) * ctx.W
+            if cells > PRE_CELLS:  # far too many to cut and cost them all
+                return None
+            for r, j in zip(*np.nonzero(ok)):
+                keys[int(tabs[r])].add((int(j), ti, float(cf)))
     out = []
     for tab, own in current.items():
-        tiers = [int(t.pinned[tab])] if t.pinned[tab] >= 0 else list(ctx.avail)
-        keys = {own}
-        for j in np.flatnonzero(g.valid[tab]):
-            if j == ctx.dp_col or g.n_shards[tab, j] > ctx.W:
-                continue
-            for ti in tiers:
-                keys.add((int(j), ti, 0.0 if ti == ctx.ct else float(sol.cache_fraction)))
-        for key in sorted(keys):
+        for key in sorted(keys[tab]):
             one = np.full(ctx.n, ctx.dp_col, dtype=np.int64)
             one[tab] = key[0]
             part = build_layout(ctx, one, np.full(ctx.n, key[1]), np.full(ctx.n, key[2]))
@@ -111,26 +140,16 @@ def _solve(ctx: PlanContext, cands, current, sol: Solution, top: float, fixed: f
            budget: np.ndarray):
     """The solver's choice: {table: ((option, tier, cache), its pieces' ranks)}, or None where
     it found nothing below ``top``."""
-    from ortools.sat.python import cp_model
-
-    W, Lw = ctx.W, ctx.Lw
-    H = W // Lw
+    W = ctx.W
     lay = sol.layout
-    md = cp_model.CpModel()
     unit = np.where(budget > 0, budget, 1.0) / SCALE
-    cap = np.floor(budget / unit).astype(np.int64)
-    y, x, totals = [], [], []
-    per_rank_cost = [[] for _ in range(W)]
-    per_rank_mem = [[[] for _ in range(W)] for _ in range(3)]
-    per_table_rank: dict = {}
+    model = PlacementModel(W, ctx.Lw, np.floor(budget / unit).astype(np.int64))
     hint = {}
     for tab, s, e in lay.groups:
         hint[tab] = (current[tab], lay.rank[s:e])
+    x = []
     for ci, (tab, key, cost, need, bound) in enumerate(cands):
-        yv = md.NewBoolVar(f"y{ci}")
-        y.append(yv)
         c = np.ceil(cost / top * SCALE).astype(np.int64)
-        totals.append(int(c.sum()))
         nb = np.ceil(need / unit[None, :]).astype(np.int64)
         own = hint[tab][0] == key
         ranks = hint[tab][1].copy()
@@ -142,57 +161,16 @@ def _solve(ctx: PlanContext, cands, current, sol: Solution, top: float, fixed: f
                     q += 1
                 ranks[p:q] = np.sort(ranks[p:q])
                 p = q
-        md.AddHint(yv, own)
-        xs = []
-        hosts = [md.NewBoolVar("") for _ in range(H)] if bound and H > 1 else None
-        if hosts is not None:
-            md.Add(sum(hosts) == yv)
-        for p in range(cost.size):
-            row = [md.NewBoolVar("") for _ in range(W)]
-            md.Add(sum(row) == yv)
-            for r, v in enumerate(row):
-                per_rank_cost[r].append((int(c[p]), v))
-                for t in range(3):
-                    if nb[p, t] > 0:
-                        per_rank_mem[t][r].append((int(nb[p, t]), v))
-                per_table_rank.setdefault((tab, r), []).append(v)
-                if hosts is not None:
-                    md.AddImplication(v, hosts[r // Lw])
-                md.AddHint(v, bool(own and ranks[p] == r))
-            xs.append(row)
-        # identical pieces are interchangeable: their ranks ascending (one of each such set)
-        for p in range(cost.size - 1):
-            if c[p] == c[p + 1] and (nb[p] == nb[p + 1]).all():
-                md.Add(sum(r * v for r, v in enumerate(xs[p]))
-                       < sum(r * v for r, v in enumerate(xs[p + 1]))).OnlyEnforceIf(yv)
-        x.append(xs)
-    for vs in per_table_rank.values():
-        md.Add(sum(vs) <= 1)
-    for tab in sorted({c[0] for c in cands}):
-        md.AddExactlyOne(y[ci] for ci, c in enumerate(cands) if c[0] == tab)
-    base = int(np.ceil(fixed / top * SCALE))
-    z = md.NewIntVar(0, SCALE * 4, "z")
-    for r in range(W):
-        md.Add(sum(k * v for k, v in per_rank_cost[r]) + base <= z)
-        for t in range(3):
-            if per_rank_mem[t][r]:
-                md.Add(sum(k * v for k, v in per_rank_mem[t][r]) <= int(cap[t]))
-    # the ranks' total (implied; it tightens the relaxation)
-    md.Add(sum(k * v for k, v in zip(totals, y)) + W * base <= W * z)
-    md.Minimize(z)
-    solver = cp_model.CpSolver()
-    prm = solver.parameters
-    prm.max_deterministic_time = WORK
-    prm.num_workers = 2
-    prm.interleave_search = True
-    prm.random_seed = 0
-    status = solver.Solve(md)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        x.append(model.option(tab, c, nb, bound, f"y{ci}", (own, ranks)))
+    status = model.solve(WORK, SCALE * 4, int(np.ceil(fixed / top * SCALE)))
+    if not model.found(status):
         return None
+    value = model.solver.Value
     out = {}
     for ci, (tab, key, cost, _, _) in enumerate(cands):
-        if solver.Value(y[ci]):
-            ranks = np.array([next(r for r in range(W) if solver.Value(x[ci][p][r]))
+        y, rows = x[ci]
+        if value(y):
+            ranks = np.array([next(r for r in range(W) if value(rows[p][r]))
                               for p in range(cost.size)], dtype=np.int64)
             out[tab] = (key, ranks)
     return out

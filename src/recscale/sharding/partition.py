@@ -67,7 +67,8 @@ The stages, in order (``context.py`` holds what they all read: ``PlanContext`` a
    worse than the others and still end better, once the search moves apart the host-bound
    rocks that placement piled up;
 12. where it is still not, on at most ``exact.CELLS`` (piece, rank) pairs, every table's option
-   and every piece's rank are chosen at once by CP-SAT, the plan as its hint (``exact.exact``).
+   and every piece's rank are chosen at once by CP-SAT, the plan as its hint, a slow tier at
+   the plan's cache fraction and then at any (``exact.exact``).
 
 Baselines (``strategy``): "greedy" and "round_robin" place whole tables (row-wise only for tables
 too large for one rank) by LPT or in table order, with the same cost model, tiers and capacities,

@@ -47,6 +47,8 @@ def format_report(plan: ShardingPlan, max_rows: int = 20) -> str:
         f"in {lb.piece_table}"
         + (f" with {_ms(lb.spread_floor)} ms of tables split over every rank under it"
            if lb.spread_floor > 0 else "")
+        + (f"; pieces memory makes share ranks {_ms(lb.coupled)} ms (CP-SAT)"
+           if lb.coupled > 0 else "")
         + "; tiers spread as a linear programme would); this plan's max / bound "
         f"{plan.max_cost / lb.value if lb.value > 0 else float('nan'):.3f}",
         f"critical path: rank {crit.rank} = compute {_ms(crit.compute_cost)} ms + comms "

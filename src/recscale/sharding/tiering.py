@@ -27,6 +27,12 @@ from .types import PRECISION_BYTES, TIERS, PlannerError
 CACHE_CANDIDATES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
 
 
+def cache_candidates(opts) -> tuple[float, ...]:
+    """The cache fractions a plan's slow-tier tables may take: ``CACHE_CANDIDATES``, or none
+    and the one the options set."""
+    return CACHE_CANDIDATES if opts.cache_fraction is None else (0.0, opts.cache_fraction)
+
+
 class TierAssignment(NamedTuple):
     tier: np.ndarray  # (tables,) tier index
     cache_fraction: float  # of the spilled tables' rows, cached in the compute tier
@@ -110,7 +116,7 @@ def tier_choices(ctx: PlanContext, is_dp: np.ndarray, fill: float,
             _raise_too_big(ctx, i, storage[i], min_shard[i], p)
 
     opts = ctx.opts
-    candidates = CACHE_CANDIDATES if opts.cache_fraction is None else (0.0, opts.cache_fraction)
+    candidates = cache_candidates(opts)
     fits: list[tuple[float, float, np.ndarray]] = []
     first_failure = None
     cache_overflow = None
