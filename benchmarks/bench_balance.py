@@ -6,6 +6,9 @@ each planned, its slowest rank against the mean and against the lower bound.
 
 ``--jobs 2`` plans two mixes at a time (for the balance figures; quote planning seconds from
 ``--jobs 1``, the default, as they share the cores otherwise); ``--json`` writes every mix's row.
+``--large K``: K of the draws at 1,000 tables x 128 ranks, each planned 3 times (planning time).
+``--small K``: K of the property tests' small mixes (``small_mix``, 3-59 tables on 1-16 ranks)
+from ``--seed``: how many meet the rule (exit 1 if any does not).
 
 A mix is drawn from its seed alone (``draw_mix``), so a printed seed replays it (``--replay``).
 Families (cycled over the seeds):
