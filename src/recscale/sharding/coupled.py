@@ -25,10 +25,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .context import PlanContext, option_costs
+from .context import PlanContext
 from .cost import DP
-from .cpsat import PlacementModel
-from .shards import build_layout
+from .cpsat import PlacementModel, cut, option_keys
 
 # (candidate piece, rank) pairs at most, as the exact stage (``exact.CELLS``)
 CELLS = 40_000
@@ -44,7 +43,8 @@ def coupled_bound(ctx: PlanContext, caches: Sequence[float], upper: float) -> fl
     W = ctx.W
     if W < 2 or ctx.n == 0 or upper <= 0:
         return None
-    keys = _keys(ctx, caches, upper)
+    keys = option_keys(ctx, np.arange(ctx.n), sorted({float(c) for c in caches}), upper, CELLS,
+                       slack=1.0)
     if keys is None:
         return None
     cands = _candidates(ctx, keys, upper)
@@ -58,25 +58,6 @@ def coupled_bound(ctx: PlanContext, caches: Sequence[float], upper: float) -> fl
         return upper
     cands = [c for c in cands if float(c[2].sum()) - cheapest[c[0]] <= room * (1 + 1e-9)]
     return min(upper, _solve(ctx, cands, upper))
-
-
-def _keys(ctx: PlanContext, caches: Sequence[float], upper: float) -> list | None:
-    """Every sharded (table, option, tier, cache) whose widest piece (one of its pieces) costs
-    less than ``upper`` and fits a rank; None where they come to more than ``CELLS`` (piece,
-    rank) pairs."""
-    g = ctx.grid
-    keys, cells = [], 0
-    for ti in ctx.avail:
-        for cf in (0.0,) if ti == ctx.ct else sorted({float(c) for c in caches}):
-            oc = option_costs(ctx, np.full(ctx.n, ti), np.full(ctx.n, cf))
-            ok = (g.valid & (oc.max < upper) & (g.n_shards <= ctx.W)
-                  & (oc.wide_storage <= ctx.budget[ti] + 1.0))
-            ok[:, ctx.dp_col] = False
-            cells += int(g.n_shards[ok].sum()) * ctx.W
-            if cells > CELLS:
-                return None
-            keys += [(int(i), int(j), int(ti), cf) for i, j in zip(*np.nonzero(ok))]
-    return keys
 
 
 def _candidates(ctx: PlanContext, keys: list, upper: float) -> list:
@@ -95,13 +76,11 @@ def _candidates(ctx: PlanContext, keys: list, upper: float) -> list:
             cost = np.array([float(dp.total[0])])
             if cost[0] < upper and (need[0] <= ctx.budget + 1.0).all():
                 out.append((i, None, cost, need, False))
-    for i, j, ti, cf in keys:
-        one = np.full(ctx.n, ctx.dp_col, dtype=np.int64)
-        one[i] = j
-        part = build_layout(ctx, one, np.full(ctx.n, ti), np.full(ctx.n, cf))
-        if part.cost.max() >= upper or (part.need > ctx.budget[None, :] + 1.0).any():
+    for i, *key in keys:
+        cost, need, bound = cut(ctx, i, tuple(key))
+        if cost.max() >= upper or (need > ctx.budget[None, :] + 1.0).any():
             continue
-        out.append((i, (j, ti, cf), part.cost, part.need, bool(part.host_bound[0])))
+        out.append((i, tuple(key), cost, need, bound))
     return out
 
 

@@ -1,5 +1,6 @@
 """The CP-SAT model of tables' options and their pieces on ranks, which the exact stage
-(``exact.py``: a plan) and the bound's coupled-pieces term (``coupled.py``: a proof) both solve.
+(``exact.py``: a plan) and the bound's coupled-pieces term (``coupled.py``: a proof) both solve,
+and the options both put in it (``option_keys``, ``cut``).
 
 Every option of a table has a Boolean; exactly one per table is taken. A sharded option's
 pieces each take one rank (at most one piece of a table per rank; a host-bound option's pieces
@@ -13,7 +14,44 @@ workers under a limit of deterministic time: the same answer on any machine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+
+from .context import PlanContext, option_costs
+from .shards import build_layout
+
+
+def option_keys(ctx: PlanContext, tabs: np.ndarray, caches: Sequence[float], upper: float,
+                limit: int, slack: float = 0.0) -> list | None:
+    """(table, option, tier, cache) of the tables ``tabs``: every sharded option that splits
+    over at most every rank, in every tier a table may take (a slow tier with each of
+    ``caches``), whose widest piece (one of its pieces) costs less than ``upper`` and fits a
+    rank's tier (with ``slack`` bytes). Priced for all tables at once, before any is cut into
+    pieces; None where they come to more than ``limit`` (piece, rank) pairs."""
+    g, t = ctx.grid, ctx.tables
+    keys, cells = [], 0
+    for ti in ctx.avail:
+        for cf in (0.0,) if ti == ctx.ct else caches:
+            oc = option_costs(ctx, np.full(ctx.n, ti), np.full(ctx.n, cf))
+            ok = (g.valid & (oc.max < upper) & (g.n_shards <= ctx.W)
+                  & (oc.wide_storage <= ctx.budget[ti] + slack))[tabs]
+            ok[:, ctx.dp_col] = False
+            ok &= ((t.pinned[tabs] < 0) | (t.pinned[tabs] == ti))[:, None]
+            cells += int(g.n_shards[tabs][ok].sum()) * ctx.W
+            if cells > limit:
+                return None
+            keys += [(int(tabs[r]), int(j), int(ti), float(cf)) for r, j in zip(*np.nonzero(ok))]
+    return keys
+
+
+def cut(ctx: PlanContext, table: int, key: tuple[int, int, float]):
+    """Table ``table`` at ``key`` (option, tier, cache) cut into pieces: (their costs, their
+    bytes (pieces, 3), whether they stay in one host)."""
+    one = np.full(ctx.n, ctx.dp_col, dtype=np.int64)
+    one[table] = key[0]
+    part = build_layout(ctx, one, np.full(ctx.n, key[1]), np.full(ctx.n, key[2]))
+    return part.cost, part.need, bool(part.host_bound[0])
 
 
 class PlacementModel:

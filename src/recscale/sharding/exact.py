@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import PlanContext, option_costs
-from .cpsat import PlacementModel
+from .context import PlanContext
+from .cpsat import PlacementModel, cut, option_keys
 from .descent import BALANCE
 from .option_search import choice_of
 from .shards import Solution, build_layout, summarize
@@ -106,33 +106,19 @@ def _candidates(ctx: PlanContext, current: dict, top: float, caches):
     every sharded table's options, in any tier it may take (a slow tier with any of
     ``caches``), that one rank can hold, no piece above ``top`` (the plan's own, ``current``,
     always)."""
-    g, t = ctx.grid, ctx.tables
     keys = {tab: {own} for tab, own in current.items()}
-    tabs = np.array(sorted(current), dtype=np.int64)
-    cells = 0
-    for ti in ctx.avail:
-        for cf in (0.0,) if ti == ctx.ct else caches:
-            # widest pieces priced for every table at once: most options end here
-            oc = option_costs(ctx, np.full(ctx.n, ti), np.full(ctx.n, cf))
-            ok = (g.valid & (oc.max < top) & (g.n_shards <= ctx.W)
-                  & (oc.wide_storage <= ctx.budget[ti]))[tabs]
-            ok[:, ctx.dp_col] = False
-            ok &= ((t.pinned[tabs] < 0) | (t.pinned[tabs] == ti))[:, None]
-            cells += int(g.n_shards[tabs][ok].sum()) * ctx.W
-            if cells > PRE_CELLS:  # far too many to cut and cost them all
-                return None
-            for r, j in zip(*np.nonzero(ok)):
-                keys[int(tabs[r])].add((int(j), ti, float(cf)))
+    found = option_keys(ctx, np.array(sorted(current), dtype=np.int64), caches, top, PRE_CELLS)
+    if found is None:  # far too many to cut and cost them all
+        return None
+    for tab, *key in found:
+        keys[tab].add(tuple(key))
     out = []
     for tab, own in current.items():
         for key in sorted(keys[tab]):
-            one = np.full(ctx.n, ctx.dp_col, dtype=np.int64)
-            one[tab] = key[0]
-            part = build_layout(ctx, one, np.full(ctx.n, key[1]), np.full(ctx.n, key[2]))
-            cost, need = part.cost, part.need
+            cost, need, bound = cut(ctx, tab, key)
             if key != own and (cost.max() >= top or (need > ctx.budget[None, :]).any()):
                 continue
-            out.append((tab, key, cost, need, bool(part.host_bound[0])))
+            out.append((tab, key, cost, need, bound))
     return out or None
 
 
