@@ -5,6 +5,8 @@ another secret, or after someone rewrote it, is refused naming what failed."""
 import errno
 import json
 import socket
+import threading
+import time
 
 import pytest
 
@@ -54,3 +56,34 @@ def test_the_store_listens_on_the_endpoints_address_and_hands_out_only_a_signed_
         _client(ep, 5).set(JOB_KEY, json.dumps(sign(forged["spec"], "theirs")))
         with pytest.raises(JobError, match=r"this host's secret is not the driver's"):
             fetch_job(ep, 5, SECRET)
+
+
+def test_a_host_started_before_the_driver_gets_the_job_as_soon_as_the_driver_serves_it():
+    # TCPStore's own connect retries back off to seconds apart: a host that waited 8 s for the
+    # driver would get the job seconds after it was served, and miss the rendezvous' last call
+    port = _free_port("127.0.0.2")
+    ep = f"127.0.0.2:{port}"
+    spec = make_spec(LaunchConfig(world_size=2, nnodes=2, rdzv_endpoint=ep), "run-8", {})
+    got: dict = {}
+
+    def host():
+        got["spec"] = fetch_job(ep, 30, SECRET)
+        got["at"] = time.monotonic()
+
+    t = threading.Thread(target=host, daemon=True)
+    t.start()
+    time.sleep(8)
+    with JobServer(ep, spec, SECRET, timeout_s=30):
+        served = time.monotonic()
+        t.join(30)
+    assert got["spec"] == spec
+    assert got["at"] - served < 1.5, f"the job arrived {got['at'] - served:.2f} s after it was served"
+
+
+def test_a_driver_that_never_serves_is_named_once_the_deadline_passes():
+    port = _free_port("127.0.0.2")
+    ep = f"127.0.0.2:{port}"
+    t0 = time.monotonic()
+    with pytest.raises(JobError, match=rf"the driver at {ep} did not answer within 2 s"):
+        fetch_job(ep, 2, SECRET)
+    assert time.monotonic() - t0 < 5

@@ -62,13 +62,36 @@ def code_version() -> str:
     return f"{version}+{h.hexdigest()[:12]}"
 
 
+POLL_S = 0.2  # how often a host that started before the driver looks for its store
+
+
+def _wait_listening(host: str, port: int, timeout_s: float) -> float:
+    """Wait until something accepts connections at ``host:port``, trying every ``POLL_S``;
+    -> the seconds left of ``timeout_s``. TCPStore's own connect retries back off to about 10 s
+    apart, so a host started before the driver would reach the store up to 10 s after it opened
+    and miss a rendezvous' last call (the job would start without it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.05, min(1.0, left))):
+                return max(0.0, deadline - time.monotonic())
+        except OSError as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"nothing accepted connections at {host}:{port} within "
+                                   f"{timeout_s:g} s (last: {exc})") from None
+            time.sleep(min(POLL_S, left))
+
+
 def _client(endpoint: str, timeout_s: float):
-    """A client of the driver's store at ``endpoint``."""
+    """A client of the driver's store at ``endpoint``, once it listens (within ``timeout_s``)."""
     import torch.distributed as dist
 
     host, port = split_endpoint(endpoint)
+    left = _wait_listening(host, port, timeout_s)
     return dist.TCPStore(host, port, is_master=False, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout_s))
+                         timeout=timedelta(seconds=max(1.0, left)))
 
 
 def _serve_store(endpoint: str, timeout_s: float):
