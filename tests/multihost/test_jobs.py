@@ -196,9 +196,9 @@ def lose_host_2(netns_hosts, dataset, tmp_path, epochs, kill_at):
     hosts = netns_hosts(3)
     ep = f"{hosts[0].addr}:{PORT}"
     ckpt = tmp_path / "ck"
-    # the first round must hold all 3 hosts: a host that starts a few seconds after the other two
-    # (a loaded 2-core machine) still makes it; a round of 3 closes as soon as the third joins,
-    # so only the round after the loss waits this long
+    # the first round must hold all 3 hosts: the joiners reach the driver's store within 0.2 s of
+    # it opening, but their start-up on a loaded 2-core machine can differ by seconds; a round of
+    # 3 closes as soon as the third joins, so only the round after the loss waits this long
     cfg = config(ep, 6, "2:3", ckpt, epochs=epochs,
                  launch={"max_restarts": 3, "last_call_s": 10})
     driver, joiners = start_job(hosts, tmp_path, "job", dataset, cfg)
