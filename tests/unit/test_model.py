@@ -199,11 +199,20 @@ def test_mismatched_fbgemm_names_both_versions_and_the_working_pair(monkeypatch)
     assert recscale.check_fbgemm() == "1.8.0"
 
 
-def test_embedding_weight_decay_is_refused_on_the_cpu_where_fbgemm_ignores_it():
+def test_embedding_weight_decay_works_on_the_cpu_where_fbgemm_ignores_it():
+    """fbgemm's CPU kernels ignore weight decay; recscale applies it (decoupled by default): a
+    zero gradient leaves exactly the decay on the looked-up row (tests/unit/test_regularisation.py
+    checks every optimizer and mode against an fp64 reference)."""
+    from recscale.data.batch import SparseFeatures
     from recscale.embedding import EmbeddingOptimizerConfig, FusedEmbeddingBags
 
-    with pytest.raises(ValueError, match=r"train\.embedding_optimizer\.weight_decay=0\.01 is not allowed"):
-        FusedEmbeddingBags([10], [4], EmbeddingOptimizerConfig("exact_sgd", 0.1, weight_decay=0.01))
+    m = FusedEmbeddingBags([10], [4], EmbeddingOptimizerConfig("exact_sgd", 0.1, weight_decay=0.5))
+    w0 = m.split_weights()[0].detach().clone()
+    out = m(SparseFeatures(("f",), torch.tensor([3]), torch.tensor([[1]])))
+    (out * 0).sum().backward()
+    w = m.split_weights()[0]
+    torch.testing.assert_close(w[3], w0[3] * (1 - 0.1 * 0.5))
+    assert torch.equal(w[:3], w0[:3]) and torch.equal(w[4:], w0[4:])
 
 
 def test_to_cpu_model_copies_tables_optimizer_state_and_dense_layers():

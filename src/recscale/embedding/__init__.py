@@ -18,7 +18,13 @@ from recscale import check_fbgemm
 
 FBGEMM_VERSION = check_fbgemm()
 
-from recscale.embedding.api import EmbeddingCollection, LocalCollection, TableShard  # noqa: E402
+from recscale.embedding.api import (  # noqa: E402
+    EmbeddingCollection,
+    LocalCollection,
+    TableShard,
+    optimizer_config_of,
+    set_learning_rate,
+)
 from recscale.embedding.cache import CacheTooSmallError, TieredEmbeddingBags  # noqa: E402
 from recscale.embedding.tbe import (  # noqa: E402
     EMBEDDING_OPTIMIZERS,
@@ -54,6 +60,8 @@ __all__ = [
     "build_embedding_bags",
     "managed_caching_bags",
     "merge_tier_stats",
+    "optimizer_config_of",
     "placement_for",
+    "set_learning_rate",
     "table_init",
 ]

@@ -74,6 +74,26 @@ def gather_tables(pieces: Sequence[TableShard], shapes: Sequence[tuple[int, int]
     return assemble_tables(gathered, shapes) if rank == dst else None
 
 
+def set_learning_rate(collection: nn.Module, lr: float) -> None:
+    """Set the embedding optimizer's rate of every table in ``collection`` (each fused module
+    inside it, whatever the wrappers, tiers or sharding, and a sharded collection's column
+    shards) for the steps from now on."""
+    for m in collection.modules():
+        setter = getattr(type(m), "set_embedding_learning_rate", None)
+        if setter is not None:
+            setter(m, lr)
+
+
+def optimizer_config_of(collection: nn.Module):
+    """The ``EmbeddingOptimizerConfig`` the collection's tables train with (None if it holds
+    no fused module)."""
+    for m in collection.modules():
+        cfg = getattr(m, "optimizer_config", None)
+        if cfg is not None:
+            return cfg
+    return None
+
+
 @runtime_checkable
 class EmbeddingCollection(Protocol):
     """Sum-pooled embedding bags of every sparse feature (one table per feature), the embedding

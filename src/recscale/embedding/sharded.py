@@ -160,9 +160,10 @@ class ShardedEmbeddingCollection(nn.Module):
                               if tp.sharding_type in ("column_wise", "table_column_wise")
                               and len(tp.shards) > 1]
         self.cw_holders = {t: sorted({s.rank for s in self.tables[t].shards}) for t in self.cw_tables}
-        if self.cw_tables and optimizer.weight_decay:
-            raise ValueError("train.embedding_optimizer.weight_decay must be 0 for column-sharded "
-                             "tables under exact_rowwise_adagrad")
+        # the rate in effect (the schedule sets it on every fused module and here, for the
+        # column shards' own update)
+        self.optimizer_config = optimizer
+        self.learning_rate = float(optimizer.learning_rate)
         mine = self.routes[rank]
         self._fused_pos = [i for i, (t, _) in enumerate(mine) if t not in self.cw_tables]
         self._cw_pos = [i for i, (t, _) in enumerate(mine) if t in self.cw_tables]
@@ -217,6 +218,11 @@ class ShardedEmbeddingCollection(nn.Module):
         # all-to-all overlaps the bottom MLP; set from train.pipeline
         self.overlap_output = False
         self.to(self.device)  # the index buffers live with the ids they permute (CUDA or CPU)
+
+    def set_embedding_learning_rate(self, lr: float) -> None:
+        """The column shards' rate (their update is ``ColumnShardRowwiseAdagrad``'s); the fused
+        modules inside take theirs from ``recscale.embedding.set_learning_rate``."""
+        self.learning_rate = float(lr)
 
     # ----------------------------------------------------------------------------------------
     def forward(self, sparse: SparseFeatures | InputDist) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 - ``ColumnShardRowwiseAdagrad``: lookups of column shards whose backward applies row-wise Adagrad
   with the whole table's row state (per-row sums of squared gradients exchanged among the
-  table's holders);
+  table's holders), and the embedding weight decay as ``recscale.embedding.tbe`` describes it;
 - ``OwnRowsGatherGrad``: a replicated table's output rows of this rank, whose backward gathers
   every rank's gradient (so every replica applies the same full-batch update);
 - ``GradScale``: identity forward, gradient times a constant.
@@ -62,12 +62,15 @@ class ColumnShardRowwiseAdagrad(torch.autograd.Function):
         mine = coll.routes[coll.rank]
         widths = [w.shape[1] for w in coll.cw_weights]
         grads = grad.split(widths, dim=1) if widths else []
+        wd, mode = coll.optimizer.weight_decay, coll.optimizer.weight_decay_mode
         per_table: dict[int, list] = {}
         for j, (g, (ids, bag, iw)) in enumerate(zip(grads, ctx.saved)):
             t = mine[coll._cw_pos[j]][0]
             uniq, inv = torch.unique(ids, return_inverse=True)
             gi = g[bag] if iw is None else g[bag] * iw
             rows = torch.zeros(len(uniq), g.shape[1], device=g.device).index_add_(0, inv, gi)
+            if wd and mode == "l2":  # coupled: the row's gradient + wd x the row
+                rows += wd * coll.cw_weights[j][uniq]
             per_table.setdefault(t, []).append((j, uniq, rows))
         partial = {t: sum((r * r).sum(1) for _, _, r in lst) for t, lst in per_table.items()}
         # exchange partial sums with the other holders of each table (same ids, same order)
@@ -88,7 +91,7 @@ class ColumnShardRowwiseAdagrad(torch.autograd.Function):
                     n = partial[t].numel()
                     partial[t] = partial[t] + got[off: off + n]
                     off += n
-        lr, eps = coll.optimizer.learning_rate, coll.optimizer.eps
+        lr, eps = coll.learning_rate, coll.optimizer.eps
         with torch.no_grad():
             for t, lst in per_table.items():
                 uniq = lst[0][1]
@@ -97,6 +100,8 @@ class ColumnShardRowwiseAdagrad(torch.autograd.Function):
                 scale = lr / (state[uniq].sqrt() + eps)
                 for j, _, rows in lst:
                     coll.cw_weights[j][uniq] -= scale.unsqueeze(1) * rows
+                    if wd and mode == "decoupled":  # after the update, each touched row once
+                        coll.cw_weights[j][uniq] *= 1.0 - lr * wd
         return torch.zeros_like(ctx.coll._anchor), None, None, None, None
 
 

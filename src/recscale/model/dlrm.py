@@ -5,6 +5,11 @@ concatenation: MLPerf's DLRM-DCNv2), then a top MLP to one click logit.
 The embedding module is injected, so the same DLRM runs with the single-process fused embedding
 bags or a sharded collection. ``dense_precision: bf16`` runs the MLPs and interaction under CPU/CUDA
 autocast in bfloat16 (fp32 master weights, fp32 loss).
+
+Dropout (``model.dropout``: ``bottom``, ``top``, ``dcn``) zeroes activations in training only:
+after each hidden layer of the bottom and top MLPs (never on an MLP's output: not on the bottom
+MLP's output vector, not on the logit) and on the DCN cross network's output. In ``eval()`` it
+does nothing, so scoring is deterministic and equals a model built without dropout.
 """
 
 from __future__ import annotations
@@ -16,10 +21,31 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from recscale.config import ConfigError, Validated, check, check_choice
 from recscale.model.dcn import DCNConfig, LowRankCrossNet
+
+
+@dataclass(frozen=True)
+class DropoutConfig(Validated):
+    """``model.dropout``: the share of activations zeroed in training, after each hidden layer
+    of the bottom MLP (``bottom``) and of the top MLP (``top``), and on the DCN cross network's
+    output (``dcn``, interaction dcn only)."""
+
+    bottom: float = 0.0
+    top: float = 0.0
+    dcn: float = 0.0
+
+    @property
+    def any(self) -> bool:
+        return bool(self.bottom or self.top or self.dcn)
+
+    def validate(self, prefix: str = "model.dropout") -> None:
+        for key in ("bottom", "top", "dcn"):
+            v = getattr(self, key)
+            check(0 <= v < 1, f"{prefix}.{key}", v, "a share in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -31,6 +57,8 @@ class ModelConfig(Validated):
     dense_precision: Literal["fp32", "bf16"] = "fp32"
     # the cross network of interaction: dcn (ignored by dot and cat)
     dcn: DCNConfig = field(default_factory=DCNConfig)
+    # dropout in training (bottom and top MLPs' hidden layers, the cross network's output)
+    dropout: DropoutConfig = field(default_factory=DropoutConfig)
 
     def validate(self, prefix: str = "model") -> None:
         check(self.embedding_dim > 0 and self.embedding_dim % 4 == 0, f"{prefix}.embedding_dim",
@@ -82,16 +110,34 @@ def interaction_dim(cfg: ModelConfig, tables: int | Sequence[int]) -> int:
 
 
 class MLP(nn.Sequential):
-    """Linear layers with ReLU between them (and after the last unless ``last_activation=False``)."""
+    """Linear layers with ReLU between them (and after the last unless ``last_activation=False``).
+    ``dropout``: in training, that share of each hidden layer's activations (after its ReLU) is
+    zeroed and the rest scaled by 1 / (1 - dropout); never the last layer's output. The layers
+    are the same modules with or without it (checkpoints load either way)."""
 
-    def __init__(self, in_dim: int, widths: Sequence[int], last_activation: bool = True):
+    def __init__(self, in_dim: int, widths: Sequence[int], last_activation: bool = True,
+                 dropout: float = 0.0):
         layers: list[nn.Module] = []
+        drop_after = []
         for i, w in enumerate(widths):
             layers.append(nn.Linear(in_dim, w))
             if i < len(widths) - 1 or last_activation:
                 layers.append(nn.ReLU(inplace=True))
+            if i < len(widths) - 1:
+                drop_after.append(len(layers) - 1)
             in_dim = w
         super().__init__(*layers)
+        self.dropout = float(dropout)
+        self._drop_after = frozenset(drop_after)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.dropout and self.training):
+            return super().forward(x)
+        for i, layer in enumerate(self):
+            x = layer(x)
+            if i in self._drop_after:
+                x = F.dropout(x, self.dropout, training=True)
+        return x
 
 
 class DenseArch(nn.Module):
@@ -107,8 +153,9 @@ class DenseArch(nn.Module):
         if cfg.interaction == "dot":
             check_dot_dims(self.dims, [f"#{i}" for i in range(num_tables)],
                            bottom=cfg.bottom_mlp[-1])
-        self.bottom = MLP(num_dense, cfg.bottom_mlp)
-        self.top = MLP(interaction_dim(cfg, self.dims), cfg.top_mlp, last_activation=False)
+        self.bottom = MLP(num_dense, cfg.bottom_mlp, dropout=cfg.dropout.bottom)
+        self.top = MLP(interaction_dim(cfg, self.dims), cfg.top_mlp, last_activation=False,
+                       dropout=cfg.dropout.top)
         if cfg.interaction == "dcn":
             self.cross = LowRankCrossNet(interaction_dim(cfg, self.dims), cfg.dcn.num_layers,
                                          cfg.dcn.low_rank)
@@ -130,7 +177,9 @@ class DenseArch(nn.Module):
         if self.cfg.interaction == "cat":
             return torch.cat([x, emb.to(x.dtype)], dim=1)
         if self.cfg.interaction == "dcn":
-            return self.cross(torch.cat([x, emb.to(x.dtype)], dim=1))
+            crossed = self.cross(torch.cat([x, emb.to(x.dtype)], dim=1))
+            p = self.cfg.dropout.dcn
+            return F.dropout(crossed, p, training=True) if p and self.training else crossed
         b = x.shape[0]
         feats = torch.cat([x.unsqueeze(1), emb.to(x.dtype).view(b, self.num_tables, -1)], dim=1)
         z = torch.bmm(feats, feats.transpose(1, 2)).flatten(1)

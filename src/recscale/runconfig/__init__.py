@@ -3,7 +3,7 @@
 ``comms``, ``model``, ``train``, ``evaluate``), parsed once by the first node of each DLRM
 pipeline, what it resolves to on a dataset (``recipe_for``: the model, ``plan_for_run``: the
 sharding plan), and its own blocks (``TrainConfig`` with ``train.checkpoint``, ``train.dense_optimizer``
-and ``train.fault_injection``; ``EvaluateConfig``). The blocks of the other packages (data,
+``train.validation``, ``train.early_stopping`` and ``train.fault_injection``; ``EvaluateConfig``). The blocks of the other packages (data,
 sharding, comms, model, embedding, launch) are theirs; this package only puts them together."""
 
 from recscale.runconfig.dlrm import (
@@ -11,9 +11,11 @@ from recscale.runconfig.dlrm import (
     CheckpointConfig,
     DenseOptimizerConfig,
     DLRMConfig,
+    EarlyStoppingConfig,
     EvaluateConfig,
     FaultInjection,
     TrainConfig,
+    ValidateConfig,
 )
 from recscale.runconfig.resolve import plan_for_run, recipe_for
 
@@ -22,9 +24,11 @@ __all__ = [
     "CheckpointConfig",
     "DLRMConfig",
     "DenseOptimizerConfig",
+    "EarlyStoppingConfig",
     "EvaluateConfig",
     "FaultInjection",
     "TrainConfig",
+    "ValidateConfig",
     "plan_for_run",
     "recipe_for",
 ]

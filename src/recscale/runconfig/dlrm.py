@@ -13,8 +13,9 @@ from recscale.config import ConfigError, Validated, check, check_choice
 from recscale.data.preprocess import PreprocessConfig
 from recscale.data.schema import FeatureSchema, parse_features
 from recscale.data.source import DataConfig
+from recscale.data.unknown_ids import UnknownIdsConfig
 from recscale.distributed import LaunchConfig
-from recscale.embedding.tbe import EmbeddingOptimizerConfig
+from recscale.embedding.tbe import LR_SCHEDULES, EmbeddingOptimizerConfig
 from recscale.embedding.tier_config import TierConfig
 from recscale.model.dlrm import ModelConfig
 from recscale.optim.config import HessianFreeConfig
@@ -86,9 +87,11 @@ class DenseOptimizerConfig(Validated):
     use (null: all of it; each rank takes its first curvature_batch_size / world_size rows).
     ``warmup_steps``: the first-order optimizers' learning rate rises linearly from
     learning_rate / warmup_steps to learning_rate over that many steps (the large-batch recipe).
-    ``decay_steps``: after ``decay_start_step`` steps, the rate falls polynomially
-    ((1 - t / decay_steps) ** decay_power, t the steps since the start) to 0 over that many steps,
-    as the MLPerf DLRM's schedule; 0 turns it off.
+    ``decay_steps``: after ``decay_start_step`` steps, the rate falls as ``schedule`` says:
+    polynomially ((1 - t / decay_steps) ** decay_power, t the steps since the start) to 0 over
+    that many steps, as the MLPerf DLRM's schedule; linearly or along a half cosine to 0; or
+    ``step``: times ``decay_gamma`` every decay_steps steps; 0 (or ``schedule: constant``) turns
+    it off (``recscale.train.step.scheduled_rate``).
     """
 
     name: str = "adagrad"
@@ -99,6 +102,8 @@ class DenseOptimizerConfig(Validated):
     decay_start_step: int = 0
     decay_steps: int = 0
     decay_power: float = 2.0
+    schedule: str = "polynomial"
+    decay_gamma: float = 0.1
     curvature_batch_size: int | None = None
     hf: HessianFreeConfig = field(default_factory=HessianFreeConfig)
 
@@ -112,6 +117,8 @@ class DenseOptimizerConfig(Validated):
               ">= 0")
         check(self.decay_steps >= 0, f"{prefix}.decay_steps", self.decay_steps, ">= 0")
         check(self.decay_power > 0, f"{prefix}.decay_power", self.decay_power, "> 0")
+        check_choice(f"{prefix}.schedule", self.schedule, LR_SCHEDULES)
+        check(0 < self.decay_gamma <= 1, f"{prefix}.decay_gamma", self.decay_gamma, "in (0, 1]")
         check(self.curvature_batch_size is None or self.curvature_batch_size > 0,
               f"{prefix}.curvature_batch_size", self.curvature_batch_size,
               "null or a positive integer")
@@ -124,12 +131,72 @@ class DenseOptimizerConfig(Validated):
 
     def check_model(self, model: ModelConfig, prefix: str = "train.dense_optimizer") -> None:
         """What this optimizer needs of the model: Hessian-free runs the dense arch in fp32 or
-        fp64 (curvature products in bf16 are too coarse for CG's conjugacy)."""
+        fp64 (curvature products in bf16 are too coarse for CG's conjugacy), without dropout."""
         if self.name == "hessian_free":
             check(model.dense_precision == "fp32", f"{prefix}.name", self.name,
                   f"a first-order optimizer with model.dense_precision="
                   f"{model.dense_precision!r} (Hessian-free needs fp32 dense layers: CG on "
                   "bf16 curvature products loses conjugacy)")
+            # every loss and curvature evaluation of one step must see the same function
+            check(not model.dropout.any, f"{prefix}.name", self.name,
+                  f"a first-order optimizer with model.dropout={model.dropout} (Hessian-free "
+                  "evaluates the loss and curvature products several times per step; dropout "
+                  "would draw a new mask each time)")
+
+
+VALIDATION_METRICS = ("auc", "log_loss")
+
+
+@dataclass(frozen=True)
+class ValidateConfig(Validated):
+    """``train.validation``: the validation split scored while training, by every rank on its share
+    of the rows (the same numbers in one process and sharded); AUC, log loss and calibration go to
+    the run's history as curves beside the training loss, and drive ``train.early_stopping``.
+
+    Validation points: ``per_epoch`` of them spread evenly over each epoch (the last at its end),
+    or one every ``every_steps`` steps and one at each epoch's end when that is set.
+    ``max_rows``: score only the first this many rows of the split (its earliest, in a time
+    split); null scores all of them."""
+
+    enabled: bool = False  # conf/base turns it on for every pipeline run
+    per_epoch: int = 4
+    every_steps: int | None = None
+    max_rows: int | None = None
+    batch_size: int = 16384  # rows per rank per forward
+
+    def validate(self, prefix: str = "train.validation") -> None:
+        check(self.per_epoch >= 1, f"{prefix}.per_epoch", self.per_epoch, "a positive integer")
+        check(self.every_steps is None or self.every_steps >= 1, f"{prefix}.every_steps",
+              self.every_steps, "null (per_epoch decides) or a positive integer")
+        check(self.max_rows is None or self.max_rows >= 1, f"{prefix}.max_rows", self.max_rows,
+              "null (every row of the split) or a positive integer")
+        check(self.batch_size >= 1, f"{prefix}.batch_size", self.batch_size, "a positive integer")
+
+
+@dataclass(frozen=True)
+class EarlyStoppingConfig(Validated):
+    """``train.early_stopping``: stop when the validation ``metric`` has not improved by more
+    than ``min_delta`` for ``patience`` validation points in a row; ``restore_best``: the model a
+    run returns (evaluated, logged, registered) is the one of the best validation point, not the
+    last step's. ``mode``: max or min; auto = max for auc, min for log_loss. Needs
+    ``train.validation.enabled``."""
+
+    enabled: bool = False  # conf/base turns it on for every pipeline run
+    metric: str = "auc"
+    mode: Literal["auto", "max", "min"] = "auto"
+    patience: int = 2
+    min_delta: float = 0.0
+    restore_best: bool = True
+
+    @property
+    def maximize(self) -> bool:
+        return self.mode == "max" or (self.mode == "auto" and self.metric == "auc")
+
+    def validate(self, prefix: str = "train.early_stopping") -> None:
+        check_choice(f"{prefix}.metric", self.metric, VALIDATION_METRICS)
+        check_choice(f"{prefix}.mode", self.mode, ("auto", "max", "min"))
+        check(self.patience >= 1, f"{prefix}.patience", self.patience, "a positive integer")
+        check(self.min_delta >= 0, f"{prefix}.min_delta", self.min_delta, ">= 0")
 
 
 @dataclass(frozen=True)
@@ -160,7 +227,13 @@ class TrainConfig(Validated):
     # runtime on torch.distributed
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # the validation split scored while training, and stopping at (and keeping) its best point
+    validation: ValidateConfig = field(default_factory=ValidateConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     fault_injection: FaultInjection | None = None
+    # ids unseen in training look up a trained row: a share of the train ids routed to their
+    # table's unknown row, and untrained rows filled from it (recscale.data.unknown_ids)
+    unknown_ids: UnknownIdsConfig = field(default_factory=UnknownIdsConfig)
 
     RENAMED = {"batch_size": "batch_size_per_rank", "world_size": "launch.world_size",
                "nnodes": "launch.nnodes", "rdzv_endpoint": "launch.rdzv_endpoint",
@@ -198,6 +271,10 @@ class TrainConfig(Validated):
                   "curvature_batch_size", c, f"at most the global batch ({prefix}."
                   f"batch_size_per_rank x world size = {g}) and a multiple of the world size "
                   f"{self.world_size}")
+        if self.early_stopping.enabled:
+            check(self.validation.enabled, f"{prefix}.early_stopping.enabled", True,
+                  f"false when {prefix}.validation.enabled is false (early stopping reads the "
+                  "validation metric)")
         if self.fault_injection is not None:
             check(self.fault_injection.rank < self.world_size, f"{prefix}.fault_injection.rank",
                   self.fault_injection.rank, f"< {prefix}.launch.world_size={self.world_size}")
@@ -207,10 +284,17 @@ class TrainConfig(Validated):
 class EvaluateConfig(Validated):
     split: str = "test"
     batch_size: int = 16384
+    # cheap baselines fitted on the train split and scored on the same rows as the model
+    # (recscale.evaluate.baselines.BASELINES); () = none
+    baselines: tuple[str, ...] = ("logreg", "rate")
 
     def validate(self, prefix: str = "evaluate") -> None:
         check_choice(f"{prefix}.split", self.split, ("train", "validation", "test"))
         check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
+        for i, name in enumerate(self.baselines):
+            check_choice(f"{prefix}.baselines[{i}]", name, ("logreg", "rate"))
+        check(len(set(self.baselines)) == len(self.baselines), f"{prefix}.baselines",
+              list(self.baselines), "each baseline at most once")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from torch import nn
 
 from recscale.data.batch import Batch
 from recscale.model.dlrm import DLRM
+from recscale.train.step import EmbeddingSchedule
 
 
 def counting_all_reduce(stats, spans_hosts: bool = False, group=None):
@@ -64,6 +65,8 @@ class HessianFreeStep:
                        "negative_curvature_met": 0, "negative_curvature_taken": 0,
                        "rejected_steps": 0}
         self.last_damping = float(opt.damping)
+        # train.embedding_optimizer's rate schedule, as the first-order steps apply it
+        self.embedding_schedule = EmbeddingSchedule(model, opt)
 
     def _global_rows(self, local: int, cap: int | None = None) -> int:
         """Rows of the global batch (each rank's batch capped at ``cap``)."""
@@ -95,6 +98,7 @@ class HessianFreeStep:
         else:
             emb_loss = self.mean_loss(logits, y)
         (g_pooled,) = torch.autograd.grad(emb_loss, held["fixed"], retain_graph=True)
+        self.embedding_schedule.before_backward()
         held["pooled"].backward(g_pooled.to(held["pooled"].dtype))
 
         fixed = held["fixed"].detach()
@@ -116,6 +120,7 @@ class HessianFreeStep:
                 return self.sum_loss(out, y[:c]) / c_rows, out
 
         self.opt.step(closure, curvature)
+        self.embedding_schedule.after_step()
         self._count(self.opt.last_step)
         return float(loss_sum.detach()), g_rows
 
