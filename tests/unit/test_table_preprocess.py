@@ -93,7 +93,9 @@ def test_dense_transforms_and_bucketize_equal_numpy(tmp_path, rng):
         assert got[r]["price_bucket"] == (int(want_bucket[r]) if present[r] else None)
     assert man["dense_features"] == ["price", "temp"]
     assert man["sparse_features"] == ["item", "price_bucket"]
-    assert man["table_sizes"] == [1000, 4]
+    # item gives no rows: hash_size_multiplier (4) x the distinct ids of the train split
+    item = pq.read_table(tmp_path / "a.parquet").column("item").to_numpy()
+    assert man["table_sizes"] == [4 * len(np.unique(item[train])), 4]
 
 
 def test_ids_hash_vocab_and_index_equal_a_python_reference(tmp_path, rng):

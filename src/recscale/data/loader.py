@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -420,24 +420,33 @@ class LoaderConfig(Validated):
         check(self.prefetch >= 1, f"{prefix}.prefetch", self.prefetch, ">= 1")
 
 
-def _read_checked(ref: RowGroupRef, rows: Sequence[int]) -> Columns | BagColumns:
+def _read(ref: RowGroupRef, rows: Sequence[int] | None,
+          route: Callable[[Columns | BagColumns], Columns | BagColumns] | None
+          ) -> Columns | BagColumns:
     cols = read_row_group(ref)
-    check_ids(cols, rows, f"{ref.path}, row group {ref.index}")
-    return cols
+    if rows is not None:
+        check_ids(cols, rows, f"{ref.path}, row group {ref.index}")
+    return cols if route is None else route(cols)
 
 
 def make_loader(files: Sequence[str | os.PathLike], cfg: LoaderConfig,
-                work: Sequence[Sequence[int]] | None = None) -> tn.Loader:
+                work: Sequence[Sequence[int]] | None = None,
+                route: Callable[[Columns | BagColumns], Columns | BagColumns] | None = None
+                ) -> tn.Loader:
     """A restartable loader of Batches over this rank's row groups of ``files``, or over the
-    row positions ``work`` (intervals; the rest of an epoch resharded to another world size)."""
+    row positions ``work`` (intervals; the rest of an epoch resharded to another world size).
+    ``route``: applied to each row group's columns after they are read and checked, in the
+    reader threads (the train split's unknown-id routing, ``recscale.data.unknown_ids``: a
+    function of each row's own number, so the same rows are changed whatever the rank, world
+    size or resume point)."""
     refs = list_row_groups(files)
     if work is None:
         refs = shard_row_groups(refs, cfg.rank, cfg.world_size)
     else:
         refs = select_rows(refs, work)
     node: tn.BaseNode = RowGroupSource(refs)
-    read = read_row_group if cfg.table_rows is None else functools.partial(
-        _read_checked, rows=cfg.table_rows)
+    read = read_row_group if cfg.table_rows is None and route is None else functools.partial(
+        _read, rows=cfg.table_rows, route=route)
     node = tn.ParallelMapper(node, read, num_workers=max(1, cfg.reader_workers),
                              in_order=True, method="thread")
     node = Rebatcher(node, cfg.batch_size)

@@ -26,6 +26,12 @@ from recscale.data.criteo import (
 )
 from recscale.data.encode import Parsed, RowIds, encode, output_schema
 from recscale.data.schema import FittedSchema, criteo_schema, criteo_sparse_names
+from recscale.data.unknown_ids import (
+    ROW_COUNTS_NAME,
+    count_train_rows,
+    save_row_counts,
+    sparse_tables,
+)
 from recscale.data.vocab import (
     VOCAB_NAME,
     IdCounter,
@@ -50,9 +56,12 @@ class PreprocessConfig(Validated):
     # known cardinality (synthetic data) capped at max_table_size, or max_table_size when
     # cardinalities are unknown
     table_sizes: tuple[int, ...] | None = None
+    # the most rows a table sized from the data gets (a schema's hashed table without rows,
+    # the Criteo preset's)
     max_table_size: int = 1_000_000
     # hashing ids into a table as large as the vocabulary makes ~37% of ids share a row;
-    # 4x makes it ~11% (what the default synthetic config uses)
+    # 4x makes it ~11%. A schema's hashed table without rows gets this x the distinct ids of
+    # the train split; the Criteo preset's, this x the known cardinality
     hash_size_multiplier: float = 4.0
     # fractions of the rows, in row order, for train / validation / test
     splits: tuple[float, float, float] = (0.8, 0.1, 0.1)
@@ -303,6 +312,15 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         splits[s] = {"files": [p[0] for p in parts], "rows": int(sum(p[1] for p in parts)),
                      "row_groups": int(sum(p[2] for p in parts))}
     split_rows = {s: splits[s]["rows"] for s in SPLITS}
+    # the train split's ids per table row: what routing to the unknown row reads
+    # (recscale.data.unknown_ids), and how many rows of each table the split uses
+    row_counts = count_train_rows(splits["train"]["files"], fitted)
+    row_counts_path = save_row_counts(row_counts, fitted.table_names, out / ROW_COUNTS_NAME)
+    used = [len(r) for r, _ in row_counts]
+    for t in sparse_tables(fitted.table_rows, used):
+        log.warning("table %s has %d rows but the train split's ids use %d of them (more than "
+                    "10x): give it rows in features.tables, or leave them null to size it from "
+                    "the data", fitted.table_names[t], fitted.table_rows[t], used[t])
     manifest = {
         "format": MANIFEST_FORMAT,
         "source_files": [str(f) for f in files],
@@ -318,6 +336,8 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         "engine": cfg.engine,
         "ids": cfg.ids,
         "vocabulary_path": vocab_path,
+        "row_counts_path": row_counts_path,
+        "train_rows_used": used,  # per table: its rows the train split's ids hold
         "config": to_dict(cfg),
         # the fitted schema every later stage reads (recscale.data.schema.FittedSchema)
         "schema": fitted.to_dict(),

@@ -21,6 +21,7 @@ fitted schema goes into the manifest (``recscale.data.schema.FittedSchema``).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import pyarrow.parquet as pq
 
 from recscale.config import ConfigError
 from recscale.data.criteo import RejectedRowsError, RejectLog
-from recscale.data.encode import Parsed, encode, output_schema, split_keys
+from recscale.data.encode import Parsed, RowIds, encode, output_schema, split_keys
 from recscale.data.processed import (
     SPLITS,
     FileResult,
@@ -66,15 +67,39 @@ log = logging.getLogger(__name__)
 
 
 # --- fitting and writing --------------------------------------------------------------------------
+def sized_tables(schema: FeatureSchema) -> tuple[str, ...]:
+    """The hashed tables the schema gives no ``rows``: sized from the distinct ids the train
+    split holds (``fit_schema``)."""
+    return tuple(dict.fromkeys(f.table_name for f in schema.sparse
+                               if f.ids == "hash" and schema.table_of(f.table_name).rows is None))
+
+
+def _counted(schema: FeatureSchema, f) -> int | None:
+    """Where feature ``f``'s ids are counted in a fit's IdCounter: the vocabulary tables first,
+    then the tables sized from the data; None: not counted."""
+    if f.ids == "vocab":
+        return schema.vocab_index(f)
+    sized = sized_tables(schema)
+    if f.ids == "hash" and f.table_name in sized:
+        return len(schema.vocab_tables) + sized.index(f.table_name)
+    return None
+
+
 def _fit_block(p: Parsed, schema: FeatureSchema, keep: np.ndarray,
                counter: IdCounter) -> list[tuple[str, np.ndarray]]:
     """The rows ``keep`` of a block: their ids counted into ``counter`` (``ids: vocab``
-    features); -> per standardized dense feature, [n, sum, sum of squares] of its values."""
+    features, and hashed ones whose table is sized from the data); -> per standardized dense
+    feature, [n, sum, sum of squares] of its values."""
     for j, f in enumerate(schema.sparse):
-        if f.ids == "vocab":  # counted into its table's vocabulary
-            lengths, keys = split_keys(*p.keys[j], keep)
+        k = _counted(schema, f)
+        if k is not None:  # counted into its table's vocabulary, or its distinct ids
+            entry = p.keys[j]
+            if isinstance(entry, RowIds):
+                keys = entry.ids[keep & entry.present]
+            else:
+                lengths, keys = split_keys(*entry, keep)
             u, c = np.unique(keys, return_counts=True)
-            counter.merge(schema.vocab_index(f), u, c)
+            counter.merge(k, u, c)
     sums = []
     for f, (x, present) in zip(schema.dense, p.dense):
         if f.standardizes:
@@ -144,7 +169,7 @@ def fit_unit(u: Unit, schema: FeatureSchema, cfg: PreprocessConfig, delimiter: s
     """What one unit's train rows fit: its id counts (``ids: vocab`` features) and, per block in
     order, the standardize sums (added in unit and block order, they give the same floats on
     either engine)."""
-    counter = IdCounter(len(schema.vocab_tables))
+    counter = IdCounter(len(schema.vocab_tables) + len(sized_tables(schema)))
     sums = []
     pos = u.row_base
     for block in unit_blocks(u, needed_columns(schema), delimiter, cfg.chunk_bytes):
@@ -222,10 +247,11 @@ def fit_schema(schema: FeatureSchema, cfg: PreprocessConfig, out: Path,
                                                                str | None]:
     """The units' fits (in row order) -> the fitted schema, the vocabulary and its file."""
     vocab_tables = schema.vocab_tables
-    counter = IdCounter(len(vocab_tables))
+    sized = sized_tables(schema)
+    counter = IdCounter(len(vocab_tables) + len(sized))
     sums = {f.name: np.zeros(3) for f in schema.dense if f.standardizes}
     for c, blocks in fits:
-        for k in range(len(vocab_tables)):
+        for k in range(len(vocab_tables) + len(sized)):
             counter.merge(k, c.ids[k], c.counts[k])
         for block in blocks:
             for name, partial in block:
@@ -252,6 +278,12 @@ def fit_schema(schema: FeatureSchema, cfg: PreprocessConfig, out: Path,
             n = vocab_sizes[f.table_name]
         elif f.name in bucketized:
             n = len(bucketized[f.name]) + 1
+        elif t.rows is None and f.table_name in sized:  # hashed: from the train split's ids
+            distinct = len(counter.ids[len(vocab_tables) + sized.index(f.table_name)])
+            n = hashed_rows(distinct, cfg)
+            log.info("table %s: %d rows for the %d distinct ids of the train split "
+                     "(preprocess.hash_size_multiplier=%s, at most preprocess.max_table_size=%d)",
+                     f.table_name, n, distinct, cfg.hash_size_multiplier, cfg.max_table_size)
         else:
             n = t.rows or cfg.max_table_size
         sizes.setdefault(f.table_name, n)
@@ -259,9 +291,16 @@ def fit_schema(schema: FeatureSchema, cfg: PreprocessConfig, out: Path,
     return FittedSchema.fit(schema, rows_by_table, _stats(sums, schema)), vocab, vocab_path
 
 
+def hashed_rows(distinct: int, cfg: PreprocessConfig) -> int:
+    """The rows of a hashed table the schema gives none: ``preprocess.hash_size_multiplier`` x
+    the distinct ids of the train split, at least 1, at most ``preprocess.max_table_size``."""
+    return int(min(cfg.max_table_size, max(1, math.ceil(distinct * cfg.hash_size_multiplier))))
+
+
 def _needs_fit(schema: FeatureSchema) -> bool:
     return any(f.ids == "vocab" for f in schema.sparse) or any(f.standardizes
-                                                               for f in schema.dense)
+                                                               for f in schema.dense) \
+        or bool(sized_tables(schema))
 
 
 def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from recscale.data.criteo import count_lines
 from recscale.data.preprocess import preprocess_criteo, preprocess_table
-from recscale.data.schema import criteo_sparse_names
+from recscale.data.schema import EmbeddingTable, FeatureSchema, criteo_sparse_names
 from recscale.data.table_source import count_rows, source_files
 from recscale.data.vocab import VocabularyMismatch, load_vocabulary
 from recscale.retrain.config import DLRMRetrainConfig
@@ -54,7 +54,10 @@ def prepare_partitions(parts: list[Partition], warm: WarmStart, cfg: DLRMRetrain
     elif warm.table_sizes is not None and not custom:  # ids hash into the warm model's rows
         pcfg = dataclasses.replace(pcfg, table_sizes=tuple(warm.table_sizes))
     if custom:
-        report = preprocess_table(files, pcfg.output_dir, pcfg, cfg.schema, cfg.data.delimiter)
+        schema = cfg.schema
+        if warm.table_sizes is not None:  # hashed tables keep the warm model's rows
+            schema = hashed_tables_at(schema, warm.table_sizes)
+        report = preprocess_table(files, pcfg.output_dir, pcfg, schema, cfg.data.delimiter)
     else:
         report = preprocess_criteo(files, pcfg.output_dir, pcfg,
                                    table_size_hint=_cardinalities(files))
@@ -69,6 +72,24 @@ def prepare_partitions(parts: list[Partition], warm: WarmStart, cfg: DLRMRetrain
     return {**manifest, "partitions": [dataclasses.asdict(p) for p in parts],
             "newest": parts[-1].name, "eval_data": f"last {test_rows} rows of {parts[-1].name}",
             "oracle_paths": oracles if all(Path(o).exists() for o in oracles) else None}
+
+
+def hashed_tables_at(schema: FeatureSchema, table_sizes) -> FeatureSchema:
+    """``schema`` with each hashed table that gives no ``rows`` of its own pinned to the warm
+    model's (``table_sizes``: one per table, in order of first use): preprocessing would size
+    it from the new partitions' distinct ids, and ids must hash into the rows the warm model
+    trained."""
+    order = list(dict.fromkeys(f.table_name for f in schema.sparse_inputs))
+    hashed = {f.table_name for f in schema.sparse if f.ids == "hash"}
+    given = {t.name: t for t in schema.tables}
+    tables = list(schema.tables)
+    for name in order:
+        t = given.get(name)
+        if name in hashed and (t is None or t.rows is None):
+            pinned = EmbeddingTable(name, int(table_sizes[order.index(name)]),
+                                    t.dim if t is not None else None)
+            tables = [pinned if x.name == name else x for x in tables] if t else tables + [pinned]
+    return dataclasses.replace(schema, tables=tuple(tables))
 
 
 def vocabulary_file(model_dir: str | os.PathLike, table_sizes) -> Path:
