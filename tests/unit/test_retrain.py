@@ -275,3 +275,22 @@ def test_a_warm_start_of_another_schema_is_refused_naming_the_feature():
                                           r"feature schema: sparse feature C1 changed: ids "
                                           r"'hash' -> 'vocab'"):
         train_warm(manifest, parse(DLRMRetrainConfig, {}, ""), warm)
+
+
+def test_a_warm_start_pins_hashed_tables_without_rows_to_the_warm_models_rows():
+    """Preprocessing sizes a hashed table without ``rows`` from the data's distinct ids; a
+    retrain must hash into the rows the warm model trained, so those tables take its sizes;
+    tables with rows of their own and vocabulary tables keep theirs."""
+    from recscale.data.schema import parse_features
+    from recscale.retrain.data import hashed_tables_at
+
+    schema = parse_features({
+        "label": "click",
+        "sparse": [{"name": "user", "ids": "vocab"}, {"name": "item", "ids": "hash"},
+                   {"name": "hist", "kind": "multi_hot", "table": "items2", "ids": "hash"},
+                   {"name": "city", "ids": "hash"}],
+        "tables": [{"name": "items2", "dim": 8}, {"name": "city", "rows": 50}]})
+    pinned = hashed_tables_at(schema, [1000, 777, 333, 50])
+    rows = {t.name: (t.rows, t.dim) for t in pinned.tables}
+    assert rows == {"items2": (333, 8), "city": (50, None), "item": (777, None)}
+    assert "user" not in rows  # the vocabulary grows append-only instead

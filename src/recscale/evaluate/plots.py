@@ -33,8 +33,22 @@ def history_figure(points: Sequence[Mapping], ylabel: str, title: str, xlabel: s
     return fig
 
 
-def loss_figure(history: Mapping[str, Sequence[Mapping]], title: str = "training loss"):
-    return history_figure(history.get("loss", []), "BCE loss (mean over the interval)", title)
+def loss_figure(history: Mapping[str, Sequence[Mapping]], title: str = "training loss",
+                best_step: int | None = None):
+    """The training loss, and the validation log loss beside it when the run validated
+    (``validation.log_loss``), with the best validation step marked."""
+    fig = history_figure(history.get("loss", []), "BCE loss (mean over the interval)", title)
+    val = sorted(history.get("validation.log_loss", []), key=lambda d: d["step"])
+    if val:
+        ax = fig.axes[0]
+        if ax.lines:
+            ax.lines[0].set_label("train (interval mean)")
+        ax.plot([d["step"] for d in val], [d["value"] for d in val], marker="o", lw=1.2,
+                label="validation")
+        if best_step:
+            ax.axvline(best_step, color="grey", ls="--", lw=0.8, label=f"best step {best_step}")
+        ax.legend(fontsize=8)
+    return fig
 
 
 def throughput_figure(history: Mapping[str, Sequence[Mapping]], title: str = "training throughput"):

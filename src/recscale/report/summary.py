@@ -77,6 +77,13 @@ def summarize(results: dict[int, dict]) -> TrainResult:
         "reshard_rows_remaining": r0["reshard_rows_remaining"],
         "initialised_from_checkpoint": int(r0["initialised_from"] is not None),
         "resumed_samples": sum(r["resumed_samples"] for r in results.values()),
+        # train.validation / train.early_stopping (rank 0's: every rank takes the same decisions)
+        "validation_points": r0.get("validation_points", 0),
+        "validation_seconds": r0.get("validation_seconds", 0.0),
+        "best_step": r0.get("best_step", 0),
+        "best_validation_value": r0.get("best_value", float("nan")),
+        "stopped_early_at": r0.get("stopped_early_at", 0),
+        "restored_best": int(bool(r0.get("restored_best", False))),
     }
     for rank, r in sorted(results.items()):
         steps = max(r["steps"], 1)

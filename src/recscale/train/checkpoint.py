@@ -125,6 +125,8 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self.failed_writes = 0
         self.save_seconds = 0.0
+        # checkpoints pruning leaves alone (the best validation step's, kept for the end)
+        self.pinned: set[str] = set()
 
     # ------------------------------------------------------------------------------ saving
     def due(self, step: int) -> bool:
@@ -137,7 +139,7 @@ class Checkpointer:
         ``loader_state``: this rank's data-loader state. -> the checkpoint's path, or None when
         the write failed (logged; the previous checkpoint stays the latest)."""
         t0 = time.perf_counter()
-        final = os.path.join(self.run_dir, f"step-{step:08d}")
+        final = self.path_of(step)
         tmp = final + ".tmp"
         dist_on = _distributed(self.group)
         if self.rank == 0:
@@ -231,9 +233,15 @@ class Checkpointer:
         self.save_seconds += time.perf_counter() - t0
         return final
 
+    def path_of(self, step: int) -> str:
+        """Where the checkpoint of ``step`` is written."""
+        return os.path.join(self.run_dir, f"step-{step:08d}")
+
     def _prune(self) -> None:
+        pinned = {os.path.realpath(p) for p in self.pinned}
         done = sorted(d for d in os.listdir(self.run_dir)
-                      if d.startswith("step-") and not d.endswith(".tmp"))
+                      if d.startswith("step-") and not d.endswith(".tmp")
+                      and os.path.realpath(os.path.join(self.run_dir, d)) not in pinned)
         for d in done[: max(0, len(done) - self.cfg.keep_last)]:
             shutil.rmtree(os.path.join(self.run_dir, d), ignore_errors=True)
 
@@ -298,6 +306,19 @@ class Checkpointer:
         if refused and self.rank == 0:
             log.error("every checkpoint of this run was refused; training starts from step 0")
         return None
+
+    def load(self, path: str, targets: Sequence[TableShard], dense: torch.nn.Module,
+             opt: torch.optim.Optimizer | None) -> dict:
+        """Load the checkpoint at ``path`` (one of this run's, e.g. the best validation step's)
+        into ``targets``, ``dense`` and ``opt``; the RNG and the data position stay as they are.
+        -> its manifest."""
+        manifest = read_manifest(path)
+        check_fingerprint(path, manifest, self.fingerprint)
+        if self.rank == 0 or not _distributed(self.group):
+            verify_files(path, manifest, hashes=True)
+        load_shards(path, manifest, targets)
+        load_dense(path, manifest, dense, opt)
+        return manifest
 
     def init_from_checkpoint(self, targets: Sequence[TableShard], dense: torch.nn.Module,
                              opt: torch.optim.Optimizer | None) -> str | None:

@@ -33,6 +33,7 @@ from recscale.distributed import (
 from recscale.distributed.job_secret import JobSecretError, driver_secret
 from recscale.distributed.job_store import make_spec, serve_and_launch
 from recscale.embedding.tier_placement import placements_from_plan
+from recscale.embedding.unknown import fill_untrained_rows
 from recscale.model import DLRM, ModelConfig, load_state_into, to_cpu_model
 from recscale.model.precision import bf16_warning
 from recscale.report import TrainResult, summarize
@@ -41,7 +42,7 @@ from recscale.sharding import ShardingConfig, ShardingPlan
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.job_worker import job_payload, job_worker, read_events
 from recscale.train.loop import run_loop
-from recscale.train.rank import loader_data, sharded_train_worker
+from recscale.train.rank import loader_data, sharded_train_worker, validation_data
 from recscale.train.runtime import LocalRuntime
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,19 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     check_rows_trained(result, rows, train_cfg)
     log.info("trained %d steps, %d samples: %.0f samples/s in the step, loss %.4f",
              result.steps, result.samples, result.samples_per_s, result.final_loss)
+    ex = result.extra or {}
+    if ex.get("validation_points"):
+        stop = (f"; early stopping ended it at step {ex['stopped_early_at']}"
+                if ex.get("stopped_early_at") else "")
+        which = "the best step's" if ex.get("restored_best") else "the last step's"
+        log.info("validation: %d points in %.1f s, best %s %.4f at step %d%s; the model is %s",
+                 ex["validation_points"], ex["validation_seconds"],
+                 train_cfg.early_stopping.metric, ex["best_validation_value"], ex["best_step"],
+                 stop, which)
+    # rows no update reached (the best step's model, when early stopping restored it) get the
+    # trained unknown row: an id that looks one up is as unknown as one never seen
+    fill_untrained_rows(model.embeddings, FittedSchema.of(manifest), train_cfg.seed,
+                        train_cfg.unknown_ids)
     return TrainOutcome(model, result, tuple(manifest["table_sizes"]), threads,
                         str(resolve_device(train_cfg.device)))
 
@@ -112,6 +126,12 @@ def check_rows_trained(result: TrainResult, rows: int, train_cfg: TrainConfig) -
     across resumes under another world size: the rows before the checkpoint are counted once
     (steps replayed after it belong to the attempt that died, which returns nothing)."""
     expected = rows * train_cfg.epochs
+    if result.extra and result.extra.get("stopped_early_at"):
+        # early stopping ends the run at a step: every rank's rows up to it, no more, no fewer
+        if result.samples > expected:
+            raise RuntimeError(f"trained on {result.samples} samples, more than the train split's "
+                               f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
+        return
     if train_cfg.max_steps is None and result.samples != expected:
         how = ""
         if result.extra and result.extra.get("resharded"):
@@ -144,8 +164,9 @@ def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_sta
     if train_cfg.checkpoint.dir is not None:
         ckpt = Checkpointer(train_cfg.checkpoint, new_run_id(),
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
-    res = run_loop(LocalRuntime(model, train_cfg, device),
-                   loader_data(manifest, train_cfg, 0, 1, device), train_cfg, ckpt)
+    data = loader_data(manifest, train_cfg, 0, 1, device)
+    data.validation = validation_data(manifest, train_cfg, 0, 1)
+    res = run_loop(LocalRuntime(model, train_cfg, device), data, train_cfg, ckpt)
     if placements is not None or device.type != "cpu":
         model = to_cpu_model(model, recipe)
     return model, {0: res.__dict__}

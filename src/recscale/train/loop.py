@@ -36,6 +36,13 @@ from recscale.train.faults import maybe_kill, maybe_poison
 from recscale.train.overlap import OverlapPolicy
 from recscale.train.runtime import Runtime
 from recscale.train.step import NonFiniteLossError
+from recscale.train.validation import (
+    ValidationData,
+    Validator,
+    keep_best,
+    restore_best,
+    validation_point,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +64,8 @@ class EpochData:
     # what a rank trains on once its rows ran out before the others' (a batch of no rows, of the
     # dataset's features); None: one like the last batch it had
     empty: Batch | None = None
+    # this rank's share of the validation split (train.validation); None: no validation
+    validation: ValidationData | None = None
 
 
 # the first steps of a process are not the step it runs: the first allocates every buffer and
@@ -102,6 +111,15 @@ class RankResult:
     checkpoint_seconds: float = 0.0
     tier_stats: dict[str, float] = field(default_factory=dict)
     dense_optimizer: dict[str, float] = field(default_factory=dict)  # HF: its step counters
+    # train.validation / early_stopping: the best point's step and value, the step early stopping
+    # ended training at (0: none), whether the model is the best step's, points and seconds
+    best_step: int = 0
+    best_value: float = float("nan")
+    stopped_early_at: int = 0
+    restored_best: bool = False
+    validation_points: int = 0
+    validation_seconds: float = 0.0
+    validation_state: dict | None = None  # the early-stopping state a checkpoint carried
 
 
 @dataclass
@@ -166,6 +184,7 @@ def _resume(ckpt: Checkpointer, rt: Runtime, data: EpochData, res: RankResult) -
     progress = m["progress"]
     same_world = m["world_size"] == rt.world_size
     mine = progress[str(rt.rank)] if same_world else progress["0"]
+    res.validation_state = mine.get("validation")
     res.steps, res.global_samples = int(m["step"]), int(mine["global_samples"])
     res.resumed_from = path
     if same_world:  # exactly where this rank stopped, loader state and all
@@ -188,7 +207,8 @@ def _resume(ckpt: Checkpointer, rt: Runtime, data: EpochData, res: RankResult) -
     return pos
 
 
-def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position) -> None:
+def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position,
+          validator: Validator | None = None) -> None:
     emb = rt.model.embeddings
     emb.flush()  # a slow tier's cache is part of the model: the views must be current
     rank0 = rt.rank == 0
@@ -200,6 +220,8 @@ def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position) -> N
                 "epoch_steps": pos.steps}
     if pos.work is not None:
         progress["work"] = [list(iv) for iv in pos.work]
+    if validator is not None:
+        progress["validation"] = validator.state()
     ckpt.save(res.steps, emb.shards(replicated=rank0), dense, rest, progress, pos.loader_state)
 
 
@@ -256,6 +278,15 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     total = res.steps + left
     total = min(total, limit) if limit else total
     bar = Progress(total, "training", unit="step", mode=cfg.progress if rt.rank == 0 else "off")
+    validator = None
+    if cfg.validation.enabled and data.validation is not None and data.validation.rows:
+        validator = Validator(cfg.validation, cfg.early_stopping, data.validation)
+        validator.load_state(res.validation_state)
+        if validator.best_path and ckpt is not None:
+            ckpt.pinned = {validator.best_path}
+    keeping = (validator is not None and cfg.early_stopping.enabled
+               and cfg.early_stopping.restore_best)
+    snap = None
     rt.model.train()
     last: list[Batch | None] = [None]  # the batch fetched last (an empty one copies its features)
     for epoch in range(start.epoch, cfg.epochs):
@@ -295,7 +326,10 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             comm0, wait0 = stats.total_seconds, res.data_wait_seconds
             t0 = time.perf_counter()
             nxt = nxt_started = nxt_state = None
-            if i + 1 < steps and (limit is None or res.steps + 1 < limit):
+            # a validation point after this step: the next batch starts after it (its forwards
+            # are collectives and touch the caches, which must not interleave with a started one)
+            val_due = validator is not None and validator.due(res.steps + 1, i + 1, steps)
+            if i + 1 < steps and (limit is None or res.steps + 1 < limit) and not val_due:
                 nxt, nxt_state = fetch()
                 nxt = maybe_poison(cfg, rt.rank, res.steps + 2, nxt)
                 nxt_started = policy.ahead(emb, nxt)  # batch i+1 moves while batch i computes
@@ -325,11 +359,20 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 points.point()
             bar.update(res.steps, loss=f"{loss_sum / max(batch.batch_size, 1):.4f}")
             pos = _Position(epoch, i + 1, batch_state, epoch_rows, work, steps)
-            if ckpt is not None and ckpt.due(res.steps):
+            better = val_due and validation_point(rt, validator, res)
+            kept = keep_best(ckpt, rt, res, lambda pos=pos: _save(ckpt, rt, res, pos, validator),
+                             validator, keeping and better) if validator is not None else None
+            if kept is not None:
+                snap = kept
+            elif ckpt is not None and validator is None and ckpt.due(res.steps):
                 _save(ckpt, rt, res, pos)
-            if limit is not None and res.steps >= limit:
+            if (val_due and validator.stops(res, rt.rank)) or (limit and res.steps >= limit):
                 done = True
                 break
+            if val_due and i + 1 < steps:  # the next batch, held back for the validation
+                nxt, nxt_state = fetch()
+                nxt = maybe_poison(cfg, rt.rank, res.steps + 1, nxt)
+                nxt_started = policy.begin(emb, nxt)
             batch, started, batch_state = nxt, nxt_started, nxt_state
         # the epoch's loader ends here, on this thread: left to the garbage collector, its
         # reader threads' objects could be freed on one of those threads, which cannot join
@@ -341,8 +384,17 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
         if threaded:
             gc.collect()
     points.point()  # every rank takes part: it is a collective
+    if validator is not None and validator.last_step != res.steps and res.steps:
+        if validation_point(rt, validator, res) and keeping and ckpt is not None:  # max_steps ended it
+            validator.best_path = ckpt.path_of(res.steps)
     if ckpt is not None and ckpt.last_saved_step != res.steps:  # the end, unless just saved
-        _save(ckpt, rt, res, pos)
+        _save(ckpt, rt, res, pos, validator)
+    if validator is not None:
+        if keeping:
+            restore_best(ckpt, rt, res, validator, snap)
+        res.best_step = validator.best_step
+        res.best_value = validator.best_value if validator.best_value is not None else float("nan")
+        res.validation_points, res.validation_seconds = validator.points, validator.seconds
     bar.close()
     emb.flush()
     res.wall_seconds = time.perf_counter() - t_wall

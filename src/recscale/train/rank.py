@@ -19,8 +19,16 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recscale.comm import CommsConfig
 from recscale.config import parse
-from recscale.data.loader import LoaderConfig, empty_batch, make_loader, rank_row_counts
+from recscale.data.loader import (
+    LoaderConfig,
+    count_rows,
+    empty_batch,
+    make_loader,
+    rank_row_counts,
+)
 from recscale.data.schema import FittedSchema
+from recscale.data.unknown_ids import router_for
+from recscale.data.work import rows, share
 from recscale.distributed import run_in_group, threads_for_run, worker_entry
 from recscale.model import ModelConfig, cpu_model_from
 from recscale.runconfig import TrainConfig, recipe_for
@@ -28,24 +36,51 @@ from recscale.sharding import ShardingPlan
 from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.loop import EpochData, run_loop
 from recscale.train.runtime import ShardedRuntime
+from recscale.train.validation import ValidationData
 
 
 def loader_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_size: int,
                 device: torch.device) -> EpochData:
     """This rank's share of the manifest's train split; every rank takes as many steps as the
     largest share. A resume under another world size opens the row positions it is given
-    instead."""
+    instead. A share of the ids goes to their table's unknown row as ``train.unknown_ids``
+    says (``recscale.data.unknown_ids``): here, before any input distribution, by each row's
+    own number, so every world size and resume routes the same ids."""
     files = manifest["splits"]["train"]["files"]
     fitted = FittedSchema.of(manifest)
+    route = router_for(manifest, train_cfg.unknown_ids, train_cfg.seed)
     shares = rank_row_counts(files, world_size)
     cfg = LoaderConfig(batch_size=train_cfg.batch_size_per_rank, rank=rank, world_size=world_size,
                        reader_workers=train_cfg.reader_workers, prefetch=train_cfg.prefetch,
                        pin_memory=device.type == "cuda", table_rows=fitted.feature_rows())
     steps = max(math.ceil(c / train_cfg.batch_size_per_rank) for c in shares)
-    return EpochData(lambda work=None: make_loader(files, cfg, work), steps, sum(shares),
+    return EpochData(lambda work=None: make_loader(files, cfg, work, route), steps, sum(shares),
                      train_cfg.batch_size_per_rank,
                      empty=empty_batch(fitted.sparse_names, fitted.num_dense,
                                        bool(fitted.weighted)))
+
+
+def validation_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_size: int
+                    ) -> ValidationData | None:
+    """This rank's share of the validation split (its first ``train.validation.max_rows`` rows
+    when set), read as it was preprocessed: no id is routed to an unknown row. None when
+    validation is off or the split has no rows."""
+    split = manifest["splits"].get("validation")
+    if not train_cfg.validation.enabled or split is None or not split.get("rows"):
+        return None
+    files = split["files"]
+    total = count_rows(files)
+    vcfg = train_cfg.validation
+    n = total if vcfg.max_rows is None else min(total, vcfg.max_rows)
+    fitted = FittedSchema.of(manifest)
+    cfg = LoaderConfig(batch_size=vcfg.batch_size, reader_workers=1, prefetch=2,
+                       table_rows=fitted.feature_rows())
+    mine = share(n, rank, world_size)
+    steps = max(math.ceil(rows(share(n, k, world_size)) / vcfg.batch_size)
+                for k in range(world_size))
+    return ValidationData(lambda: make_loader(files, cfg, mine), steps, n,
+                          empty_batch(fitted.sparse_names, fitted.num_dense,
+                                      bool(fitted.weighted)))
 
 
 def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -70,8 +105,9 @@ def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_i
     if train_cfg.checkpoint.dir is not None:
         ckpt = Checkpointer(train_cfg.checkpoint, run_id, ctx.rank, ctx.world_size,
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
-    res = run_loop(rt, loader_data(manifest, train_cfg, ctx.rank, ctx.world_size, ctx.device),
-                   train_cfg, ckpt, on_step)
+    data = loader_data(manifest, train_cfg, ctx.rank, ctx.world_size, ctx.device)
+    data.validation = validation_data(manifest, train_cfg, ctx.rank, ctx.world_size)
+    res = run_loop(rt, data, train_cfg, ckpt, on_step)
     tables_and_states = rt.model.embeddings.full_tables(dst=0)
     path = None
     if ctx.rank == 0:

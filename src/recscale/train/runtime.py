@@ -52,6 +52,10 @@ class Runtime:
     def all_reduce_(self, t: torch.Tensor) -> None:
         """Sum ``t`` (a CPU tensor) over ranks, in place."""
 
+    def all_gather(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order."""
+        return [obj]
+
 
 class LocalRuntime(Runtime):
     """The whole model in this process."""
@@ -101,6 +105,11 @@ class ShardedRuntime(Runtime):
             t.copy_(on_dev.cpu())
         else:
             dist.all_reduce(t)
+
+    def all_gather(self, obj) -> list:
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
 
 def build_sharded_model(ctx: WorkerContext, plan: ShardingPlan, model_cfg: ModelConfig,

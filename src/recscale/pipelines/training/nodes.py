@@ -31,9 +31,15 @@ def train_model(dataset_manifest: dict, sharding_plan: dict, cfg: DLRMConfig):
     step_time, report = step_time_against_plan(r.extra, plan, cfg.model, cfg.train.pipeline,
                                                FittedSchema.of(dataset_manifest).num_dense)
     metrics.update(as_metrics(step_time))
-    figures = {"loss.png": plots.loss_figure(r.history),
+    # the validation curves (train.validation) are logged as validation.<metric>, beside
+    # train.loss
+    history = {k: v for k, v in r.history.items() if not k.startswith("validation.")}
+    validation = {k.removeprefix("validation."): v for k, v in r.history.items()
+                  if k.startswith("validation.")}
+    best = int((r.extra or {}).get("best_step") or 0) or None
+    figures = {"loss.png": plots.loss_figure(r.history, best_step=best),
                "throughput.png": plots.throughput_figure(r.history)}
-    return (out.model.state_dict(), r.history, metrics,
+    return (out.model.state_dict(), history, validation, metrics,
             resolved_config(cfg, out, dataset_manifest), figures, report)
 
 

@@ -9,8 +9,8 @@ def create_pipeline(**kwargs) -> Pipeline:
         [
             dlrm_config_node(),
             Node(train_model, ["dataset_manifest", "sharding_plan", "dlrm_config"],
-                 ["model_state", "training_history", "training_metrics", "resolved_config",
-                  "training_plots", "step_time_report"],
+                 ["model_state", "training_history", "validation_history", "training_metrics",
+                  "resolved_config", "training_plots", "step_time_report"],
                  name="train"),
         ]
     )
