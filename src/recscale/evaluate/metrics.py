@@ -66,10 +66,12 @@ def binary_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
 
 def metrics_with_oracle(labels: np.ndarray, probs: np.ndarray, rows: np.ndarray,
                         oracle: np.ndarray | None = None) -> dict[str, float]:
-    """binary_metrics, plus the oracle AUC of the same rows when the true probabilities are known
-    (``oracle[rows]``: the generator's click probability of each row)."""
+    """binary_metrics, plus the oracle AUC and log loss of the same rows when the true
+    probabilities are known (``oracle[rows]``: the generator's click probability of each row)."""
     m = binary_metrics(labels, probs)
     if oracle is not None and np.asarray(labels).size:
-        m["oracle_auc"] = auc_score(labels, np.asarray(oracle)[rows])
+        truth = np.asarray(oracle)[rows]
+        m["oracle_auc"] = auc_score(labels, truth)
         m["auc_gap_to_oracle"] = m["oracle_auc"] - m["auc"]
+        m["oracle_log_loss"] = log_loss(labels, truth)
     return m

@@ -12,6 +12,18 @@ WARM_START_SOURCES = ("checkpoint", "latest", "champion")
 
 
 @dataclass(frozen=True)
+class PromotionConfig(Validated):
+    """What the challenger must also clear, besides the champion, to take the alias."""
+
+    # the challenger's AUC must exceed the best baseline's (evaluate.baselines) on the same rows
+    beat_baseline: bool = False
+
+    def validate(self, prefix: str = "retrain.promotion") -> None:
+        check(isinstance(self.beat_baseline, bool), f"{prefix}.beat_baseline", self.beat_baseline,
+              "true or false")
+
+
+@dataclass(frozen=True)
 class RetrainConfig(Validated):
     # where new raw partitions land: one Criteo TSV per day, consumed in natural name order
     landing_dir: str = "data/01_raw/daily"
@@ -32,6 +44,7 @@ class RetrainConfig(Validated):
     alias: str = "champion"
     # the challenger takes the alias when its AUC >= the champion's AUC + min_auc_gain
     min_auc_gain: float = 0.0
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
     # a drill: kill_before_register SIGKILLs the driver after training, before the model is
     # registered (the ledger, the alias and the registry must be as they were; a rerun resumes)
     fault_injection: str | None = None
@@ -68,3 +81,6 @@ class DLRMRetrainConfig(DLRMConfig):
 
     def validate(self, prefix: str = "") -> None:
         super().validate(prefix)
+        key = f"{prefix + '.' if prefix else ''}retrain.promotion.beat_baseline"
+        check(not self.retrain.promotion.beat_baseline or bool(self.evaluate.baselines), key,
+              True, "false while evaluate.baselines is [] (there is no baseline to beat)")

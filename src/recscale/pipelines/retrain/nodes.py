@@ -139,7 +139,8 @@ def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfi
         ws = registry.load_version(rc.registered_model, champ)
         champion = (f"champion v{champ.version}", ws.state, ws.config)
     cmp = compare_with_champion(challenger["model"], manifest, cfg.evaluate.batch_size,
-                                rc.min_auc_gain, champion)
+                                rc.min_auc_gain, champion, cfg.evaluate.baselines,
+                                rc.promotion.beat_baseline)
     promote, reason, where = cmp.decision.promote, cmp.decision.reason, manifest["eval_data"]
     resolved = challenger["resolved"]
     parts = [p["name"] for p in manifest["partitions"]]
@@ -149,7 +150,9 @@ def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfi
             "retrain.eval_data": where, "retrain.newest": manifest["newest"],
             "retrain.partitions": ",".join(parts),
             "retrain.warm_start": resolved["warm_start"]["detail"],
-            "retrain.promoted": str(promote).lower(), "retrain.reason": reason}
+            "retrain.promoted": str(promote).lower(), "retrain.reason": reason,
+            "retrain.best_baseline": "" if cmp.best_baseline is None else
+            f"{cmp.best_baseline[0]} {cmp.best_baseline[1]:.6f}"}
     if rc.fault_injection == "kill_before_register":  # a drill: the driver dies here
         log.warning("retrain.fault_injection=kill_before_register: killing this process")
         os.kill(os.getpid(), signal.SIGKILL)
@@ -167,6 +170,7 @@ def evaluate_and_promote(manifest: dict, challenger: dict, cfg: DLRMRetrainConfi
     registry.log_report({"model": rc.registered_model, "version": version.version,
                          "promoted": promote, "reason": reason, "eval_data": where,
                          "challenger": cmp.challenger, "champion_auc": cmp.champion_auc,
+                         "best_baseline": cmp.best_baseline,
                          "champion_version": champ.version if champ else None,
                          "partitions": parts, "warm_start": resolved["warm_start"]})
     save_latest(rc.model_dir, challenger["model"].state_dict(), resolved,
