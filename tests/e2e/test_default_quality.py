@@ -43,7 +43,7 @@ def _relative_manifest(m: dict, root: Path) -> dict:
     for s in m["splits"].values():
         s["files"] = [os.path.relpath(f, root) for f in s["files"]]
     m["source_files"] = [os.path.relpath(f, root) for f in m["source_files"]]
-    for k in ("rejects_path", "manifest_path", "vocabulary_path"):
+    for k in ("rejects_path", "manifest_path", "vocabulary_path", "row_counts_path"):
         if m.get(k):
             m[k] = os.path.relpath(m[k], root)
     m["config"]["output_dir"] = "pq"
