@@ -17,14 +17,31 @@ It reads the env's conf (conf/base merged with conf/<env>), generates the env's 
 it is not there (the same file the dlrm pipeline writes; reused when the config is unchanged)
 and reads the raw parquet and its ``.oracle.npy`` directly.
 
+An env on the Criteo preset (``features: criteo``: conf/base, conf/mlperf_dcnv2) draws from
+``recscale.data.synthetic`` (multi-hot: ``recscale.data.multihot``). Its rows are regenerated in
+memory from the generator's own per-block streams (checked equal to the raw file's
+``.oracle.npy`` where that file exists from the same config; nothing is written), and the form
+refit is that model's: a per-category effect on each of its 8 main features, its 3 crosses as
+rank-4 factorisations (the dot of a vector per category of each side), the per-category slope
+of ``log1p(I2)`` (minus the generator's centre of it), a weight per ``log1p`` count and a bias; a
+multi-hot bag is read as planted (the sum of its ids' parameters over ``sqrt(pooling)``). L2 on
+the per-category parameters: one value for all, strongest first while validation improves, then
+the crosses' own beside it. A category the train rows never hold keeps every parameter at 0.
+Beside the oracle it prints the unseen-ids bound: the true parameters with those of categories
+unseen in the (fitted) train rows set to 0. ``--max-train`` fits on the latest train rows only.
+
     nice -n 5 python benchmarks/quality_bound.py --env arriving --env clicklog
     nice -n 5 python benchmarks/quality_bound.py --env arriving --rows 100000   # quicker, tmp dir
     nice -n 5 python benchmarks/quality_bound.py --out /tmp/qb     # not the envs' raw_dir
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/quality_bound.py --env base
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/quality_bound.py --env mlperf_dcnv2 \
+        --max-train 800000
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -38,9 +55,12 @@ import yaml
 from scipy.optimize import minimize
 
 from recscale.config import parse
+from recscale.data.criteo import NUM_DENSE
+from recscale.data.multihot import MultiHotPlantedModel
 from recscale.data.processed import split_bounds
 from recscale.data.schema import FeatureSchema, parse_features
 from recscale.data.source import DataConfig
+from recscale.data.synthetic import BLOCK_ROWS, PlantedModel, SyntheticConfig, _sigmoid
 from recscale.data.synthetic_table import generate_table
 from recscale.evaluate.metrics import auc_score, log_loss
 
@@ -270,6 +290,248 @@ def bound(env: str, rows: int | None, out_dir: Path | None) -> dict:
             "unseen": unseen_shares(table, schema, b)}
 
 
+# ---- the Criteo preset's generator (recscale.data.synthetic; multi-hot: recscale.data.multihot)
+
+CROSS_DIM = 4  # the Criteo planted crosses' rank
+CRITEO_L2_GRID = (8.0, 4.0, 2.0, 1.0)  # per-parameter L2 (x rows' mean loss), strongest first
+CRITEO_ITERS = 150  # L-BFGS iterations per fit (each fit warm-starts from the previous)
+
+
+def criteo_rows(cfg: SyntheticConfig, first: int = 0):
+    """Rows ``first`` on of the raw file of ``cfg``, regenerated in memory block by block from
+    the generator's own streams (each block has its own, so earlier blocks are skipped):
+    (planted model, labels, true probabilities (float32, as the file's ``.oracle.npy``), log1p
+    counts [rows, 13], and per used feature its bags: ids per row and the ids' category ranks,
+    flat). Only the features the planted model reads are kept."""
+    multi = cfg.multi_hot
+    model = MultiHotPlantedModel(cfg) if multi else PlantedModel(cfg)
+    used = sorted({int(j) for j in model.main_features} | {j for p in model.crosses for j in p}
+                  | {model.dc_feature})
+    n = cfg.num_rows - first
+    labels = np.empty(n, np.int8)
+    oracle = np.empty(n, np.float32)
+    logc = np.empty((n, NUM_DENSE), np.float32)
+    lengths = {j: [] for j in used}
+    ranks = {j: [] for j in used}
+    for b in range(first // BLOCK_ROWS, (cfg.num_rows + BLOCK_ROWS - 1) // BLOCK_ROWS):
+        m = min(BLOCK_ROWS, cfg.num_rows - b * BLOCK_ROWS)
+        rng = np.random.default_rng([cfg.seed, 2, b] if multi else [cfg.seed, 1, b])
+        cols, logit = model.sample(rng, m)
+        prob = _sigmoid(logit + model.bias)
+        label = rng.random(m) < prob
+        skip = max(first - b * BLOCK_ROWS, 0)  # rows of this block before ``first``
+        start = b * BLOCK_ROWS + skip - first
+        labels[start:start + m - skip] = label[skip:]
+        oracle[start:start + m - skip] = prob[skip:]
+        logc[start:start + m - skip] = np.log1p(np.maximum(cols["dense"][skip:], 0))
+        for j in used:
+            if multi:
+                bag = cols["lengths"][:, j]
+                lengths[j].append(bag[skip:].astype(np.int32))
+                ranks[j].append(cols["ranks"][j][int(bag[:skip].sum()):].astype(np.int32))
+            else:
+                present = cols["sparse_present"][skip:, j]
+                lengths[j].append(present.astype(np.int32))
+                ranks[j].append(cols["ranks"][skip:, j][present].astype(np.int32))
+    bags = {j: (np.concatenate(lengths[j]), np.concatenate(ranks[j])) for j in used}
+    return model, labels, oracle, logc, bags
+
+
+def criteo_design(model, bags: dict, n_rows: int) -> dict:
+    """Per used feature a sparse matrix rows x categories: the feature's bag as the planted
+    model pools it (one-hot: the id's indicator; multi-hot: each id's count / sqrt(pooling))."""
+    X = {}
+    for j, (lengths, ranks) in bags.items():
+        scale = float(model.scale[j]) if hasattr(model, "scale") else 1.0
+        indptr = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        x = sp.csr_matrix((np.full(len(ranks), scale), ranks, indptr),
+                          shape=(n_rows, int(model.cards[j])))
+        x.sum_duplicates()
+        X[j] = x
+    return X
+
+
+class CriteoForm:
+    """The Criteo planted model's form with free parameters: a per-category effect of each of the
+    8 main features, per planted cross a rank-4 vector per category of each side (their dot), a
+    per-category slope of the dense-by-categorical cross (times ``log1p(I2)`` minus the
+    generator's centre of it), a weight per standardized ``log1p`` count, and a bias. L2 on the
+    per-category parameters (main effects, cross vectors, slopes: one weight each)."""
+
+    def __init__(self, model):
+        self.main = [int(j) for j in model.main_features]
+        self.crosses = [(int(f), int(g)) for f, g in model.crosses]
+        self.c, self.d = int(model.dc_feature), int(model.dc_dense)
+        self.center = float(model.dense_center[self.d])
+        cards = model.cards
+        shapes = [(f"m{j}", (int(cards[j]),)) for j in self.main]
+        for i, (f, g) in enumerate(self.crosses):
+            shapes += [(f"u{i}", (int(cards[f]), CROSS_DIM)), (f"v{i}", (int(cards[g]), CROSS_DIM))]
+        shapes += [("s", (int(cards[self.c]),)), ("w", (NUM_DENSE,)), ("b", ())]
+        self.slices, start = {}, 0
+        for name, shape in shapes:
+            size = int(np.prod(shape))
+            self.slices[name] = (slice(start, start + size), shape)
+            start += size
+        self.size = start
+        self.group = np.full(start, -1)  # 0 main, 1 cross, 2 slope, -1 not penalised
+        for name, (sl, _) in self.slices.items():
+            self.group[sl] = {"m": 0, "u": 1, "v": 1, "s": 2}.get(name[0], -1)
+
+    def view(self, theta: np.ndarray, name: str) -> np.ndarray:
+        sl, shape = self.slices[name]
+        return theta[sl].reshape(shape)
+
+    def seen_mask(self, seen: dict) -> np.ndarray:
+        """1 on the parameters of categories the train rows hold (and the dense ones), else 0."""
+        mask = np.ones(self.size)
+        for j in self.main:
+            self.view(mask, f"m{j}")[...] *= seen[j]
+        for i, (f, g) in enumerate(self.crosses):
+            self.view(mask, f"u{i}")[...] *= seen[f][:, None]
+            self.view(mask, f"v{i}")[...] *= seen[g][:, None]
+        self.view(mask, "s")[...] *= seen[self.c]
+        return mask
+
+    def init(self, mask: np.ndarray) -> np.ndarray:
+        theta = np.zeros(self.size)
+        cross = self.group == 1
+        theta[cross] = 0.05 * np.random.default_rng(0).standard_normal(int(cross.sum()))
+        return theta * mask
+
+    def logit(self, theta, X, dense, dc, parts: dict | None = None) -> np.ndarray:
+        out = dense @ self.view(theta, "w") + self.view(theta, "b")
+        for j in self.main:
+            out = out + X[j] @ self.view(theta, f"m{j}")
+        for i, (f, g) in enumerate(self.crosses):
+            pu, pv = X[f] @ self.view(theta, f"u{i}"), X[g] @ self.view(theta, f"v{i}")
+            if parts is not None:
+                parts[i] = (pu, pv)
+            out = out + (pu * pv).sum(1)
+        return out + (X[self.c] @ self.view(theta, "s")) * dc
+
+    def loss_grad(self, theta, X, dense, dc, y, l2: np.ndarray, mask: np.ndarray):
+        parts: dict = {}
+        z = self.logit(theta, X, dense, dc, parts)
+        n = len(y)
+        loss = np.mean(np.logaddexp(0, z) - y * z) + (l2 * theta ** 2).sum() / n
+        r = (1.0 / (1.0 + np.exp(-z)) - y) / n
+        g = 2 * l2 / n * theta
+        self.view(g, "w")[...] += dense.T @ r
+        g[self.slices["b"][0]] += r.sum()
+        for j in self.main:
+            self.view(g, f"m{j}")[...] += X[j].T @ r
+        for i, (f, gg) in enumerate(self.crosses):
+            pu, pv = parts[i]
+            self.view(g, f"u{i}")[...] += X[f].T @ (r[:, None] * pv)
+            self.view(g, f"v{i}")[...] += X[gg].T @ (r[:, None] * pu)
+        self.view(g, "s")[...] += X[self.c].T @ (r * dc)
+        return loss, g * mask
+
+
+def true_logit(model, X, logc, dc, seen: dict | None) -> np.ndarray:
+    """The planted logit from the generator's own parameters; with ``seen``, every per-category
+    parameter of a category outside ``seen`` set to 0 (the unseen-ids bound)."""
+    keep = (lambda j: seen[j]) if seen is not None else (lambda j: 1.0)
+    z = ((logc - model.dense_center) * model.dense_w).sum(1) + model.bias
+    for j in model.main_features:
+        z = z + X[int(j)] @ (model.main_effects[j] * keep(int(j)))
+    for f, g in model.crosses:
+        u = model.cross_u[(f, g)] * np.reshape(keep(f), (-1, 1))
+        v = model.cross_v[(f, g)] * np.reshape(keep(g), (-1, 1))
+        z = z + ((X[f] @ u) * (X[g] @ v)).sum(1)
+    return z + (X[model.dc_feature] @ (model.dc_slope * keep(model.dc_feature))) * dc
+
+
+def criteo_bound(env: str, params: dict, rows: int | None, max_train: int | None) -> dict:
+    """The bound of an env on the Criteo preset's generator (module docstring)."""
+    data = dict(params["data"])
+    if rows:
+        data["synthetic"] = {**data.get("synthetic", {}), "num_rows": rows}
+    cfg = parse(DataConfig, data, "data").synthetic
+    t0 = time.time()
+    b = split_bounds(cfg.num_rows, params["preprocess"].get("splits", [0.8, 0.1, 0.1]))
+    train_n = int(b[0]) if not max_train else min(int(b[0]), max_train)
+    first = int(b[0]) - train_n  # a subsample of the train split keeps its latest rows
+    model, y8, oracle, logc, bags = criteo_rows(cfg, first)
+    b = b - first
+    y = y8.astype(np.float64)
+    n = len(y)
+    raw = ROOT / data["raw_dir"] / ("day_00.parquet" if cfg.multi_hot else "day_00.tsv")
+    check = "no raw file to compare"
+    meta = raw.with_name(raw.name + ".meta.json")
+    if meta.exists() and json.loads(meta.read_text()).get("fingerprint") == cfg.fingerprint():
+        same = np.array_equal(np.load(raw.with_name(raw.name + ".oracle.npy"))[first:], oracle)
+        check = f"oracle equal to {raw.name}.oracle.npy: {same}"
+        if not same:
+            raise RuntimeError(f"regenerated rows differ from {raw}: {check}")
+    print(f"  {env}: {n} rows regenerated in {time.time() - t0:.0f} s ({check})")
+    X = criteo_design(model, bags, n)
+    del bags
+    dc_all = logc[:, model.dc_dense].astype(np.float64) - model.dense_center[model.dc_dense]
+    mu, sd = logc[:b[0]].mean(0), logc[:b[0]].std(0) + 1e-9
+    spans = {"train": (0, int(b[0])), "val": (int(b[0]), int(b[1])),
+             "test": (int(b[1]), n)}
+    part = {s: ({j: x[lo:hi] for j, x in X.items()},
+                (logc[lo:hi].astype(np.float64) - mu) / sd, dc_all[lo:hi], y[lo:hi])
+            for s, (lo, hi) in spans.items()}
+    seen = {j: (np.asarray(x.getnnz(axis=0)) > 0).astype(np.float64)
+            for j, x in part["train"][0].items()}
+    form = CriteoForm(model)
+    mask = form.seen_mask(seen)
+    t1 = time.time()
+    best, theta = None, form.init(mask)
+
+    def run(l2s: tuple[float, float, float], theta0: np.ndarray):
+        l2 = np.where(form.group >= 0, np.take(np.asarray(l2s), np.maximum(form.group, 0)), 0.0)
+        res = minimize(form.loss_grad, theta0, jac=True, method="L-BFGS-B",
+                       args=(*part["train"][0:3], part["train"][3], l2, mask),
+                       options={"maxiter": CRITEO_ITERS, "maxcor": 20})
+        val = log_loss(part["val"][3], _sigmoid(form.logit(res.x, *part["val"][:3])))
+        print(f"  {env}: l2 main/cross/slope {l2s}: validation log loss {val:.5f} "
+              f"({res.nit} iterations, {time.time() - t1:.0f} s)")
+        return val, res.x
+
+    for v in CRITEO_L2_GRID:  # one L2 for all, strongest first, until validation worsens
+        val, theta = run((v, v, v), theta)
+        if best is not None and val >= best[0]:
+            break
+        best = (val, (v, v, v), theta)
+    v = best[1][0]
+    for cross in (2 * v, v / 2):  # then the crosses' own L2, beside the best shared one
+        val, theta = run((v, cross, v), best[2])
+        if val < best[0]:
+            best = (val, (v, cross, v), theta)
+    Xt, _, dct, yt = part["test"]
+    lo = spans["test"][0]
+    p_fit = _sigmoid(form.logit(best[2], *part["test"][:3]))
+    p_true = _sigmoid(true_logit(model, Xt, logc[lo:].astype(np.float64), dct, None))
+    p_seen = _sigmoid(true_logit(model, Xt, logc[lo:].astype(np.float64), dct, seen))
+    drift = float(np.abs(p_true - oracle[lo:]).max())
+    unseen = {f"C{j + 1}": float(np.mean((Xt[j] @ (1 - seen[j]))[np.diff(Xt[j].indptr) > 0] > 0))
+              for j in sorted(X)}
+    return {"env": env, "rows": cfg.num_rows, "train_rows": train_n, "test_rows": len(yt),
+            "l2": best[1], "fit_s": time.time() - t1, "check": check, "drift": drift,
+            "oracle": (auc_score(yt, oracle[lo:]), log_loss(yt, oracle[lo:])),
+            "bound": (auc_score(yt, p_fit), log_loss(yt, p_fit)),
+            "unseen_zeroed": (auc_score(yt, p_seen), log_loss(yt, p_seen)), "unseen": unseen}
+
+
+def print_criteo(results: list[dict]) -> None:
+    print("\n| env | test AUC: oracle | refit bound | true params, unseen ids 0 | log loss: "
+          "oracle | refit bound | true params, unseen ids 0 | train rows | test rows |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['env']} | {r['oracle'][0]:.4f} | {r['bound'][0]:.4f} | "
+              f"{r['unseen_zeroed'][0]:.4f} | {r['oracle'][1]:.4f} | {r['bound'][1]:.4f} | "
+              f"{r['unseen_zeroed'][1]:.4f} | {r['train_rows']} | {r['test_rows']} |")
+    for r in results:
+        shares = ", ".join(f"{k} {v:.1%}" for k, v in r["unseen"].items())
+        print(f"{r['env']}: test rows with an id unseen in train (of rows holding the feature): "
+              f"{shares}; l2 (main, cross, slope) {r['l2']}, fits {r['fit_s']:.0f} s; "
+              f"{r['check']}; true params vs oracle max |dp| {r['drift']:.1e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--env", action="append", help="conf env(s) with planted data (repeatable)")
@@ -277,10 +539,25 @@ def main() -> None:
                     help="rows to generate instead of the env's (written under a temp dir)")
     ap.add_argument("--out", default=None,
                     help="write the raw files under OUT/<env> instead of the env's raw_dir")
+    ap.add_argument("--max-train", type=int, default=None,
+                    help="Criteo preset envs: fit on at most this many train rows (the latest)")
     args = ap.parse_args()
     out = Path(args.out) if args.out else \
         Path(tempfile.mkdtemp(prefix="quality_bound_")) if args.rows else None
-    results = [bound(env, args.rows, out) for env in args.env or ["arriving", "clicklog"]]
+    results, criteo = [], []
+    for env in args.env or ["arriving", "clicklog"]:
+        params = env_params(env)
+        if params.get("features", "criteo") == "criteo":
+            criteo.append(criteo_bound(env, params, args.rows, args.max_train))
+        else:
+            results.append(bound(env, args.rows, out))
+    if results:
+        print_table(results)
+    if criteo:
+        print_criteo(criteo)
+
+
+def print_table(results: list[dict]) -> None:
     print("\n| env | rows | test AUC: oracle | refit bound | best rate | log loss: oracle | "
           "refit bound | best rate | bound gap (AUC) |")
     print("|---|---|---|---|---|---|---|---|---|")
