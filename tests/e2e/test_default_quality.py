@@ -1,7 +1,7 @@
 """The default synthetic config (conf/base) trains to within 0.03 AUC of the generator's oracle,
-and its run is the one recorded before the feature schema (tests/e2e/golden/default_run.json):
-the same parquet bytes and manifest, the same plan, and on the recorded machine's CPU a bitwise
-identical model.
+beats the cheap baselines on the same rows, and its run is the one recorded
+(tests/e2e/golden/default_run.json): the parquet bytes and plan of the run before the feature
+schema, the manifest, and on the recorded machine's CPU a bitwise identical model.
 
 This runs the library path of `kedro run --pipelines=dlrm` at full default size (about a minute
 on 2 cores), because the claim is about the default configuration itself.
@@ -21,8 +21,10 @@ from recscale.config import parse
 from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
 from recscale.data.schema import FittedSchema, criteo_schema
 from recscale.data.source import DataConfig, prepare_raw
+from recscale.evaluate import lift_metrics, metrics_with_oracle
 from recscale.runconfig import DLRMConfig, plan_for_run
-from recscale.scoring import evaluate_dlrm
+from recscale.scoring import score_split
+from recscale.scoring.baselines import baselines_on_split
 from recscale.train import train_dlrm
 from tests.conftest import PROJECT_ROOT
 
@@ -92,7 +94,16 @@ def test_default_config_reaches_the_oracle_auc_within_0_03_as_recorded_before_th
     if (torch.backends.cpu.get_cpu_capability(), _cpu_model()) == \
             (machine["cpu_capability"], machine["cpu_model"]):
         assert _model_sha(out.model.state_dict()) == GOLDEN["model_sha256"]
-    m = evaluate_dlrm(out.model, man, "test", 16384, np.load(raw["oracle_path"], mmap_mode="r"))
+    s = score_split(out.model, man, "test", 16384)
+    m = metrics_with_oracle(s.labels, s.probs, s.rows, np.load(raw["oracle_path"], mmap_mode="r"))
     print(f"test AUC {m['auc']:.4f}, oracle AUC {m['oracle_auc']:.4f}")
     assert m["oracle_auc"] - m["auc"] < 0.03
     assert 0.95 < m["calibration"] < 1.05
+    # and it beats the cheap baselines fitted on the same train split, on the same rows
+    b = baselines_on_split(man, "test", ("logreg", "rate"), 16384, rows=s.rows)
+    lift = lift_metrics(s.labels, s.probs, b.scores.probs)
+    print(f"lift over {lift['best']}: AUC {lift['lift.auc']:+.4f}, log loss {lift['lift.logloss']:+.4f}")
+    assert lift["lift.auc"] > 0.02 and lift["lift.logloss"] > 0.02
+    # the validation points ran, and the model is the best one's
+    assert out.result.extra["validation_points"] == 4
+    assert out.result.extra["best_step"] in (195, 391, 586, 782)

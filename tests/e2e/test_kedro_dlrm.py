@@ -49,6 +49,14 @@ def test_dlrm_pipeline_records_params_metrics_history_and_model(finished_run):
     assert 0.6 < run["metrics.test.auc"] <= run["metrics.test.oracle_auc"] + 0.05
     history = client.get_metric_history(run_id, "train.loss")
     assert len(history) >= 5 and sorted(h.step for h in history) == [h.step for h in history]
+    # the validation curves beside the training loss, the best step, the baselines and the lift
+    val = client.get_metric_history(run_id, "validation.auc")
+    assert [h.step for h in val] == [8, 16, 24, 32]  # per_epoch 4 of 32 steps
+    assert run["metrics.train.best_step"] == max(val, key=lambda h: h.value).step
+    assert len(client.get_metric_history(run_id, "validation.log_loss")) == len(val)
+    for m in ("test.baseline.logreg.auc", "test.baseline.rate.auc", "test.lift.auc",
+              "test.lift.logloss", "test.oracle_log_loss", "train.stopped_early_at"):
+        assert f"metrics.{m}" in run, m
     assert len(client.get_metric_history(run_id, "train.samples_per_s")) == len(history)
     local = client.download_artifacts(run_id, "model/dlrm_state_dict.pt", str(proj / "dl"))
     state = torch.load(local, weights_only=True)
