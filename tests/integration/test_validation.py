@@ -138,3 +138,34 @@ def test_early_stopping_without_validation_is_refused_naming_both_keys():
         _cfg(early_stopping={"enabled": True})
     with pytest.raises(ConfigError, match=r"train\.early_stopping\.metric"):
         _cfg(validation={"enabled": True}, early_stopping={"enabled": True, "metric": "ndcg"})
+
+
+def test_tables_on_ssd_validate_and_restore_the_best_step_as_in_memory(parquet_dataset, tmp_path):
+    """The largest tables planned onto SSD behind a cache: validation points (eval forwards
+    through the cache) change nothing of training, give the in-memory run's numbers, and early
+    stopping restores the best step into the tiered tables as it does in memory."""
+    from recscale.runconfig import DLRMConfig, plan_for_run
+
+    tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path), "min_cache_rows": 256}
+    train_d = {"batch_size_per_rank": 256, "max_steps": 12, "progress": "off", "seed": 2,
+               "embedding_optimizer": {"name": "exact_rowwise_adagrad", "learning_rate": 0.5},
+               "validation": {"enabled": True, "every_steps": 2, "max_rows": 3000},
+               "early_stopping": {"enabled": True, "patience": 3}}
+    plan = plan_for_run(parquet_dataset, parse(DLRMConfig, {
+        "sharding": {"topology": "cpu-local"}, "model": SMALL, "train": {**train_d, "tiers": tiers}},
+        "")).to_dict()
+    assert any(t["shards"][0]["tier"] == "ssd" for t in plan["tables"])
+    model = parse(ModelConfig, SMALL, "model")
+    tiered = train_dlrm(parquet_dataset, model, parse(TrainConfig, {**train_d, "tiers": tiers},
+                                                      "train"), plan)
+    memory = train_dlrm(parquet_dataset, model, parse(TrainConfig, train_d, "train"), None)
+    assert tiered.result.extra["tiers.lookups"] > 0
+    assert tiered.result.history["validation.auc"] == memory.result.history["validation.auc"]
+    for k in ("best_step", "stopped_early_at", "restored_best"):
+        assert tiered.result.extra[k] == memory.result.extra[k], k
+    _same(tiered.model, memory.model)
+    # and the validation did not perturb training: the run cut at its best step without it
+    ref = train_dlrm(parquet_dataset, model, parse(TrainConfig, {
+        **train_d, "max_steps": memory.result.extra["best_step"], "validation": {},
+        "early_stopping": {}}, "train"), None)
+    _same(ref.model, memory.model)

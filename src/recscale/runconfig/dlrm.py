@@ -162,7 +162,9 @@ class ValidateConfig(Validated):
     per_epoch: int = 4
     every_steps: int | None = None
     max_rows: int | None = None
-    batch_size: int = 16384  # rows per rank per forward
+    # rows per rank per forward; null: train.batch_size_per_rank (a slow tier's cache is sized
+    # for the training batch: a larger forward must still fit it)
+    batch_size: int | None = None
 
     def validate(self, prefix: str = "train.validation") -> None:
         check(self.per_epoch >= 1, f"{prefix}.per_epoch", self.per_epoch, "a positive integer")
@@ -170,7 +172,8 @@ class ValidateConfig(Validated):
               self.every_steps, "null (per_epoch decides) or a positive integer")
         check(self.max_rows is None or self.max_rows >= 1, f"{prefix}.max_rows", self.max_rows,
               "null (every row of the split) or a positive integer")
-        check(self.batch_size >= 1, f"{prefix}.batch_size", self.batch_size, "a positive integer")
+        check(self.batch_size is None or self.batch_size >= 1, f"{prefix}.batch_size",
+              self.batch_size, "null (train.batch_size_per_rank) or a positive integer")
 
 
 @dataclass(frozen=True)

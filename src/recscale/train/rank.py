@@ -73,11 +73,11 @@ def validation_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_siz
     vcfg = train_cfg.validation
     n = total if vcfg.max_rows is None else min(total, vcfg.max_rows)
     fitted = FittedSchema.of(manifest)
-    cfg = LoaderConfig(batch_size=vcfg.batch_size, reader_workers=1, prefetch=2,
+    batch = vcfg.batch_size or train_cfg.batch_size_per_rank
+    cfg = LoaderConfig(batch_size=batch, reader_workers=1, prefetch=2,
                        table_rows=fitted.feature_rows())
     mine = share(n, rank, world_size)
-    steps = max(math.ceil(rows(share(n, k, world_size)) / vcfg.batch_size)
-                for k in range(world_size))
+    steps = max(math.ceil(rows(share(n, k, world_size)) / batch) for k in range(world_size))
     return ValidationData(lambda: make_loader(files, cfg, mine), steps, n,
                           empty_batch(fitted.sparse_names, fitted.num_dense,
                                       bool(fitted.weighted)))
