@@ -15,7 +15,8 @@ def main(manifest_path: str, plan_path: str, params_path: str, out_path: str) ->
     manifest = json.loads(open(manifest_path).read())
     plan = json.loads(open(plan_path).read())
     cfg = parse(DLRMConfig, json.loads(open(params_path).read()), "")
-    state, history, metrics, resolved, figures, _report = train_model(manifest, plan, cfg)
+    state, history, _validation, metrics, resolved, figures, _report = train_model(manifest, plan,
+                                                                                    cfg)
     checksum = float(sum(v.double().sum() for v in state.values() if v.is_floating_point()))
     # this process goes on after training (a Kedro run): the memory training kept is the OS's
     # again, so a 64 MiB block is mapped afresh the first time after it
