@@ -17,11 +17,9 @@ Choose settings on --split validation; report the test split once, for the chose
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import yaml
@@ -31,15 +29,7 @@ from recscale.data.preprocess import load_manifest
 from recscale.runconfig import DLRMConfig
 from recscale.scoring import evaluate_dlrm
 from recscale.train import train_dlrm
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+from tune_dcnv2 import ROOT, merge  # the same deep merge of JSON overrides (a sibling script)
 
 
 def main() -> None:
