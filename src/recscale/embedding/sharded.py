@@ -28,6 +28,9 @@ batch's ids (all-gathered) and keeps its own rows; in backward the output gradie
 all-gathered, so every replica applies the identical fused update for the whole global batch.
 That keeps the replicas bitwise equal and the update exactly the single-process one, also for the
 row-wise Adagrad state, which an all-reduce of per-replica updates would not reproduce.
+
+One file: the forward, the backward exchange and the column-wise update are one collective
+sequence every rank runs in the same order; split, that order would live in several places.
 """
 
 from __future__ import annotations
