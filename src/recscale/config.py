@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -114,6 +115,23 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     return value
 
 
+def nearest(key: str, known) -> str:
+    """`` (did you mean 'x'?)`` for the known key closest to a misspelt ``key``, or ``""``."""
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_blocks(params: Mapping[str, Any], known: Sequence[str], where: str = "parameters") -> None:
+    """Every top-level block of ``params`` is one of ``known``: a misspelt block (``trian:`` in a
+    config env, ``--params=trian.epochs=2``) would otherwise be read by no one and ignored."""
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown parameter block {unknown[0]!r}{nearest(unknown[0], known)} in the {where}; "
+            f"the blocks are: {', '.join(known)}"
+        )
+
+
 def parse(cls: type[T], mapping: Mapping[str, Any] | None, prefix: str = "") -> T:
     """Build dataclass ``cls`` from ``mapping``; unknown keys and bad values raise ConfigError."""
     mapping = {} if mapping is None else mapping
@@ -131,8 +149,8 @@ def parse(cls: type[T], mapping: Mapping[str, Any] | None, prefix: str = "") -> 
         raise ConfigError(f"{old} is not allowed: it is now {new}")
     if unknown:
         raise ConfigError(
-            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]}; allowed keys under "
-            f"{where}: {', '.join(sorted(fields))}"
+            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]}{nearest(unknown[0], fields)}"
+            f"; allowed keys under {where}: {', '.join(sorted(fields))}"
         )
     hints = typing.get_type_hints(cls)
     kwargs = {}

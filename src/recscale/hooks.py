@@ -15,7 +15,13 @@ from urllib.parse import urlparse
 
 from kedro.framework.hooks import hook_impl
 
-from recscale.config import flatten, parse
+from recscale.config import check_blocks, flatten, parse
+
+# every top-level block of conf/base/parameters_*.yml (the DLRM pipeline's eight, then the others);
+# a run whose parameters hold another (a typo in a config env or in --params) stops before any
+# node. Kept here, not imported from the pipelines, so Kedro's start-up does not load torch.
+PARAMETER_BLOCKS = ("data", "features", "preprocess", "sharding", "comms", "model", "train",
+                    "evaluate", "hf", "hf_speech", "retrain", "score")
 
 
 class TrackingStoreUnreachable(RuntimeError):
@@ -69,6 +75,9 @@ class RecscaleHooks:
         for name in ("alembic", "mlflow.store.db.utils", "urllib3"):
             logging.getLogger(name).setLevel(logging.WARNING)
         self._env = context.env
+        # a misspelt block would be read by no node: stop now, naming it and the nearest block
+        check_blocks(context.params, PARAMETER_BLOCKS,
+                     f"parameters of env {context.env or 'local'!r} and --params")
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:

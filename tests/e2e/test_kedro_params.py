@@ -34,3 +34,22 @@ def test_a_host_range_typed_in_params_arrives_as_the_range(tmp_path):
     assert res.returncode != 0
     assert ("train.launch.nnodes='2:3' is not allowed: expected a divisor of "
             "train.launch.world_size=1") in res.stderr, res.stderr[-3000:]
+
+
+def test_a_misspelt_block_in_params_or_in_an_env_stops_the_run_naming_it(tmp_path):
+    proj = make_project_copy(tmp_path)
+    res = kedro(proj, "run", "--pipeline=dlrm", "--env=test", "--to-nodes=parse_dlrm_config",
+                "--params=trian.epochs=2", check=False)
+    assert res.returncode != 0
+    assert ("unknown parameter block 'trian' (did you mean 'train'?) in the parameters of env "
+            "'test' and --params") in res.stderr, res.stderr[-3000:]
+    # a block misspelt in a config env's file, beside the right ones
+    (proj / "conf" / "typo").mkdir()
+    (proj / "conf" / "typo" / "parameters_dlrm.yml").write_text(
+        "train:\n  epochs: 1\nevalute:\n  batch_size: 1024\n")
+    res = kedro(proj, "run", "--pipeline=dlrm", "--env=typo", "--to-nodes=parse_dlrm_config",
+                check=False)
+    assert res.returncode != 0
+    assert "unknown parameter block 'evalute' (did you mean 'evaluate'?)" in res.stderr, \
+        res.stderr[-3000:]
+    assert "Running node" not in res.stderr + res.stdout  # stopped before any node

@@ -45,3 +45,36 @@ def test_without_a_prefix_the_relative_name_stands_alone():
 def test_the_new_keys_parse():
     b = parse(Block, {"global_batch_size": 4, "launch": {"world_size": 2}}, "hf.train")
     assert b.global_batch_size == 4 and b.launch.world_size == 2
+
+
+def test_a_misspelt_key_names_the_nearest_known_one():
+    with pytest.raises(ConfigError, match=r"unknown key hf\.train\.global_bach_size "
+                                          r"\(did you mean 'global_batch_size'\?\)"):
+        parse(Block, {"global_bach_size": 4}, "hf.train")
+    # nothing near: no guess
+    with pytest.raises(ConfigError, match=r"unknown key hf\.train\.zzz; allowed keys"):
+        parse(Block, {"zzz": 4}, "hf.train")
+
+
+def test_a_misspelt_parameter_block_stops_the_project_before_any_node():
+    import yaml
+
+    from recscale.hooks import PARAMETER_BLOCKS, RecscaleHooks
+    from recscale.pipelines.common import DLRM_BLOCKS
+    from tests.conftest import PROJECT_ROOT
+
+    # the list is every block conf/base and the shipped envs write, the DLRM pipeline's first
+    written = {k for f in (PROJECT_ROOT / "conf").glob("*/parameters*.yml")
+               for k in (yaml.safe_load(f.read_text()) or {})}
+    assert written == set(PARAMETER_BLOCKS)
+    assert PARAMETER_BLOCKS[:len(DLRM_BLOCKS)] == DLRM_BLOCKS
+
+    class Context:
+        env = "mine"
+        params = {"train": {"epochs": 1}, "trian": {"epochs": 2}, "model": {}}
+
+    with pytest.raises(ConfigError, match=r"unknown parameter block 'trian' \(did you mean "
+                                          r"'train'\?\) in the parameters of env 'mine'"):
+        RecscaleHooks().after_context_created(Context())
+    Context.params = {"train": {"epochs": 1}, "hf": {}}
+    RecscaleHooks().after_context_created(Context())  # the known blocks pass

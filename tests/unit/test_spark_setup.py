@@ -46,7 +46,8 @@ def _context(tmp_path, spark_yml: str):
 
 
 def test_an_unknown_key_in_spark_yml_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key spark \(conf/spark/spark.yml\).mastr; "
+    with pytest.raises(ConfigError, match=r"unknown key spark \(conf/spark/spark.yml\).mastr "
+                                          r"\(did you mean 'master'\?\); "
                                           r"allowed keys under .*: app_name, conf, "):
         SparkHooks().after_context_created(_context(tmp_path, "mastr: local[2]\n"))
     with pytest.raises(ConfigError, match=r"spark \(conf/spark/spark.yml\).conf.sql.shuffle"

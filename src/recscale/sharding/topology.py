@@ -43,7 +43,7 @@ from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
-from recscale.config import ConfigError, check, check_choice
+from recscale.config import ConfigError, check, check_choice, nearest
 
 from .types import TIERS
 
@@ -271,7 +271,8 @@ class Topology:
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - allowed)
         if unknown:
-            raise ConfigError(f"unknown key topology.{unknown[0]}; allowed keys: "
+            raise ConfigError(f"unknown key topology.{unknown[0]}{nearest(unknown[0], allowed)}; "
+                              "allowed keys: "
                               + ", ".join(sorted(allowed)))
         d = dict(d)
         # a topology saved without its host size is one host (what its collectives assumed)

@@ -14,7 +14,7 @@ from numbers import Integral, Real
 from typing import Any
 
 from recscale.comm.precision import CommsConfig
-from recscale.config import ConfigError, check, check_choice
+from recscale.config import ConfigError, check, check_choice, nearest
 
 
 class ShardingType(str, enum.Enum):
@@ -92,7 +92,8 @@ def _check_keys(where: str, mapping: Mapping[str, Any], cls: type) -> None:
     allowed = sorted(f.name for f in fields(cls) if f.init)
     unknown = sorted(set(mapping) - set(allowed))
     if unknown:
-        raise ConfigError(f"unknown key {where}.{unknown[0]}; allowed keys: {', '.join(allowed)}")
+        raise ConfigError(f"unknown key {where}.{unknown[0]}{nearest(unknown[0], allowed)}; "
+                          f"allowed keys: {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)
