@@ -16,6 +16,7 @@ from recscale.data.schema import FittedSchema, parse_features, to_dict
 from recscale.data.synthetic_table import TableSynthConfig, generate_table
 from recscale.data.vocab import load_vocabulary
 from recscale.model.convert import recipe_from_resolved
+from recscale.runconfig.dlrm import EvaluateConfig
 from recscale.scoring import score_split
 from recscale.scoring.files import score_files
 from recscale.scoring.raw import RawScorer, frame_to_table
@@ -73,6 +74,11 @@ def test_raw_rows_score_as_the_evaluation_path_scores_their_preprocessed_rows(da
     model, state = _model_state(resolved, seed)
     ref = score_split(model, man, "test", 512)
     scorer = RawScorer.load(resolved, state, man["vocabulary_path"])
+    # the batch the run evaluated with, or the typed config's default where a config lacks it
+    assert scorer.batch_size == resolved["evaluate"]["batch_size"]
+    no_block = {k: v for k, v in resolved.items() if k != "evaluate"}
+    assert RawScorer.load(no_block, state, man["vocabulary_path"]).batch_size \
+        == EvaluateConfig.batch_size == 16384
     first, rows = _test_rows(raw, man)
     got = scorer.score_table(rows.drop_columns(["click"]))
     assert not got.errors and got.labels is None

@@ -393,11 +393,6 @@ class FittedSchema:
         """For each sparse feature, how its bag is pooled (``sum`` or ``mean``)."""
         return tuple(f.pooling for f in self.schema.sparse_inputs)
 
-    def feature_dims(self, default_dim: int) -> tuple[int, ...]:
-        """For each sparse feature, its table's dim: the widths of the pooled output."""
-        dims = self.table_dims(default_dim)
-        return tuple(dims[t] for t in self.feature_tables())
-
     def table_features(self) -> tuple[tuple[str, ...], ...]:
         """For each table, the features that look it up."""
         out: list[list[str]] = [[] for _ in self.table_names]

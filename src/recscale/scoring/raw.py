@@ -27,6 +27,7 @@ from recscale.data.table_parse import parse_block
 from recscale.data.table_source import needed_columns
 from recscale.data.vocab import Vocabulary, load_vocabulary
 from recscale.model import DLRM, model_from_resolved
+from recscale.runconfig.dlrm import EvaluateConfig
 
 
 def frame_to_table(frame) -> pa.Table:
@@ -90,7 +91,8 @@ class RawScorer:
         pre = resolved_config.get("preprocess", {})
         return cls(model_from_resolved(dict(resolved_config), dict(state)), fitted, vocab,
                    pre.get("max_bag_size", PreprocessConfig.max_bag_size),
-                   batch_size or resolved_config.get("evaluate", {}).get("batch_size", 4096))
+                   batch_size or resolved_config.get("evaluate", {}).get(
+                       "batch_size", EvaluateConfig.batch_size))
 
     @property
     def label(self) -> str:
