@@ -148,6 +148,10 @@ def test_batch_scoring_a_table_writes_every_row_in_order_with_the_evaluation_sco
     score = out.column("score").to_numpy()
     assert np.abs(score[ref.rows] - ref.probs).max() <= 1e-6
     assert out.column("label").to_numpy()[ref.rows].tolist() == ref.labels.astype(int).tolist()
+    # an empty file to score is named, not pyarrow's "Empty CSV file"
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(ConfigError, match=r"empty.csv: the file is empty \(0 bytes\)"):
+        score_files(scorer, [tmp_path / "empty.csv"], tmp_path / "e.parquet", "table")
     assert 0.3 < rep.metrics["auc"] < 0.8  # weights at random: the metrics of what it scored
 
 

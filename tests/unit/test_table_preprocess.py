@@ -244,6 +244,55 @@ def test_a_missing_or_mistyped_column_fails_before_any_work_naming_it(tmp_path, 
     assert not (out / "_manifest.json").exists()
 
 
+def test_numbers_stored_as_strings_in_parquet_parse_as_in_text(tmp_path, rng):
+    n = 40
+    price = np.abs(rng.normal(0, 3, n)).round(3)
+    click = rng.integers(0, 2, n)
+    item = rng.integers(0, 9, n)
+    schema = parse_features({"dense": [{"name": "price"}], "sparse": [{"name": "item"}]})
+    pq.write_table(pa.table({"label": click, "price": price, "item": item}), tmp_path / "n.parquet")
+    as_text = {"label": [str(v) for v in click], "price": [str(v) for v in price], "item": item}
+    as_text["price"][3], as_text["label"][5] = "abc", "x"  # rows 3 and 5 do not parse
+    pq.write_table(pa.table(as_text), tmp_path / "s.parquet")
+    assert pa.types.is_string(pq.read_schema(tmp_path / "s.parquet").field("price").type)
+    ref = rows_of(load_manifest(preprocess_table(
+        [tmp_path / "n.parquet"], tmp_path / "a", cfg(tmp_path / "a"), schema).manifest_path))
+    man = load_manifest(preprocess_table([tmp_path / "s.parquet"], tmp_path / "b",
+                                         cfg(tmp_path / "b", max_reject_fraction=0.1),
+                                         schema).manifest_path)
+    assert [r["reason"] for r in read_rejects(man)] == [
+        "bad dense value: price='abc' is not a number", "bad label: label='x' is not a number"]
+    got = rows_of(man)
+    assert sorted(got) == sorted(set(ref) - {3, 5})
+    # the same rows as the numeric file's, value for value
+    assert all(got[r] == ref[r] for r in got)
+
+
+def test_an_empty_or_header_only_input_is_named_before_any_work(tmp_path):
+    schema = parse_features({"dense": [{"name": "price"}], "sparse": [{"name": "item"}]})
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as e:
+        preprocess_table([empty], out, cfg(out), schema)
+    assert str(e.value) == (f"{empty}: the file is empty (0 bytes): no header naming its columns "
+                            "and no rows; remove it from the inputs or write its rows")
+    header = tmp_path / "header.csv"
+    header.write_text("label,price,item\n")
+    with pytest.raises(ConfigError, match=r"^data.files: no rows to read: .*header.csv hold\(s\) "
+                                          r"a header or schema and no rows$"):
+        preprocess_table([header], out, cfg(out), schema)
+    pq.write_table(pa.table({"label": pa.array([], pa.int64()), "price": pa.array([], pa.float64()),
+                             "item": pa.array([], pa.int64())}), tmp_path / "none.parquet")
+    with pytest.raises(ConfigError, match="no rows to read: .*none.parquet"):
+        preprocess_table([tmp_path / "none.parquet"], out, cfg(out), schema)
+    assert not (out / "_manifest.json").exists()
+    # a header-only file beside one with rows is read as no rows
+    (tmp_path / "rows.csv").write_text("label,price,item\n1,2.5,3\n0,1.0,4\n")
+    rep = preprocess_table([header, tmp_path / "rows.csv"], out, cfg(out), schema)
+    assert rep.rows_written == 2
+
+
 def test_the_reject_threshold_stops_the_run_naming_the_rejects_file(tmp_path, rng):
     n = 100
     pq.write_table(pa.table({"label": [2] * 5 + [1] * (n - 5), "item": rng.integers(0, 9, n)}),

@@ -46,6 +46,9 @@ def partition_columns(path: str) -> dict[str, str]:
 
 def _file_schema(path: str, delimiter: str) -> pa.Schema:
     if is_text(path):
+        if os.path.getsize(path) == 0:
+            raise ConfigError(f"{path}: the file is empty (0 bytes): no header naming its columns "
+                              "and no rows; remove it from the inputs or write its rows")
         with pcsv.open_csv(path, parse_options=pcsv.ParseOptions(delimiter=delimiter),
                            convert_options=pcsv.ConvertOptions(auto_dict_encode=False),
                            read_options=pcsv.ReadOptions(block_size=1 << 16)) as reader:
@@ -86,7 +89,9 @@ def _holds(t: pa.DataType, what: str, text: bool) -> bool:
     if text:  # every value of a text file is a string, parsed row by row
         return True
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return what in ("string", "list")  # a typed file's column holds its type
+        # strings: ids and delimited lists as they are; numbers (a label, a dense value, weights)
+        # parsed as a text file's are, a value that is not a number rejecting its row
+        return what in ("string", "list", "number", "numbers")
     if what == "number":
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
     if what == "integer":  # floats too: a database's integer column with nulls reads as float
@@ -123,6 +128,17 @@ def check_columns(files: Sequence[str], schema: FeatureSchema, delimiter: str) -
             if not _holds(t, what, is_text(f)):
                 raise ConfigError(f"{f}: column {col!r} ({who}) has type {t}; expected "
                                   f"{expected[what]}")
+    if files and not any(_has_rows(f, delimiter) for f in files):
+        raise ConfigError(f"data.files: no rows to read: {', '.join(map(str, files[:3]))}"
+                          f"{' ...' if len(files) > 3 else ''} hold(s) a header or schema and no "
+                          "rows")
+
+
+def _has_rows(path: str, delimiter: str) -> bool:
+    """Whether a file holds at least one row (a text file: its first block only)."""
+    if not is_text(path):
+        return pq.ParquetFile(path).metadata.num_rows > 0
+    return any(b.num_rows for b in _text_batches(path, delimiter, None, 1 << 16))
 
 
 def count_rows(path: str, delimiter: str) -> int:
