@@ -22,6 +22,7 @@ from recscale.data.schema import FittedSchema, parse_features
 from recscale.data.unknown_ids import (
     UnknownIdsConfig,
     UnknownRouter,
+    count_train_rows,
     load_row_counts,
     route_uniform,
 )
@@ -125,6 +126,30 @@ def test_row_counts_equal_the_train_split_and_hashed_tables_are_sized_from_its_i
         {i for h in raw.column("hist").to_pylist() for i in h}
     assert man["table_sizes"][1] == 4 * len(distinct)
     assert man["table_sizes"][2] == 500 and man["train_rows_used"][2] == 3
+
+
+def test_row_counts_of_a_table_far_larger_than_a_row_group_equal_numpy(tmp_path, rng):
+    """A table of many rows is counted per row group by its ids (np.unique), not over all its
+    rows (bincount): the same counts either way."""
+    make_log(tmp_path / "log.parquet", rng, 1500)
+    out = tmp_path / "out"
+    schema = dict(SCHEMA, tables=[{"name": "gender", "rows": 200_000, "dim": 4}])
+    rep = preprocess_table([tmp_path / "log.parquet"], out,
+                           PreprocessConfig(output_dir=str(out), row_group_size=128,
+                                            max_table_size=1_000_000), parse_features(schema))
+    man = load_manifest(rep.manifest_path)
+    fitted = FittedSchema.of(man)
+    assert fitted.table_rows[2] == 200_000  # gender: 128 ids per row group, 200,000 rows
+    train = read_split(man, "train")
+    got = count_train_rows(man["splits"]["train"]["files"], fitted)
+    for t, name in enumerate(("user", "item", "gender")):
+        cols = [c for c in ("user", "item", "hist", "gender")
+                if (c == name) or (c == "hist" and name == "item")]
+        ids = np.concatenate([np.concatenate([np.asarray(v, np.int64).ravel()
+                                              for v in train.column(c).to_pylist()])
+                              for c in cols])
+        u, c = np.unique(ids, return_counts=True)
+        assert got[t][0].tolist() == u.tolist() and got[t][1].tolist() == c.tolist(), name
 
 
 def test_a_table_far_larger_than_its_ids_warns_and_the_size_is_capped(tmp_path, rng, caplog):

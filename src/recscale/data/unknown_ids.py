@@ -87,7 +87,11 @@ def count_train_rows(files: Sequence[str | os.PathLike], fitted: FittedSchema
                     if pa.types.is_list(col.type):
                         col = pc.list_flatten(col)
                     ids = col.drop_null().to_numpy(zero_copy_only=False).astype(np.int64)
-                    total += np.bincount(ids, minlength=len(total))[:len(total)]
+                    if len(ids) * 16 < len(total):  # few ids, a large table: O(ids), not O(rows)
+                        u, c = np.unique(ids, return_counts=True)
+                        total[u] += c
+                    else:
+                        total += np.bincount(ids, minlength=len(total))[:len(total)]
         used = np.flatnonzero(total)
         out.append((used.astype(np.int64), total[used]))
     return out
