@@ -1,8 +1,10 @@
 """The project's own ``kedro run``: Kedro's, but a ``--params`` value that YAML 1.1 would read as a
 base-60 number stays the string that was typed, so ``--params=train.launch.nnodes=2:3`` is the
 range ``"2:3"``, not the integer 123 (Kedro parses ``--params`` values as YAML 1.1, where ``2:3``
-is 2 x 60 + 3). Kedro loads a project's ``cli.py``; its commands take the place of the built-in
-ones (``recscale`` / ``python -m recscale`` runs this one too)."""
+is 2 x 60 + 3), and a list or mapping value keeps its commas (``--params=preprocess.splits=[0.9,
+0.0,0.1]``: Kedro splits every comma, so the list would arrive cut in three). Kedro loads a
+project's ``cli.py``; its commands take the place of the built-in ones (``recscale`` /
+``python -m recscale`` runs this one too)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any
 
 import click
 from kedro.framework.cli.project import run as _kedro_run
-from kedro.framework.cli.utils import _split_params, split_string
+from kedro.framework.cli.utils import _split_params
+from omegaconf import OmegaConf
 
 # what YAML 1.1 resolves as a base-60 integer or float: digits, then ":" and one or two digits
 SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
@@ -26,10 +29,35 @@ def keep_sexagesimal_strings(item: str) -> str:
     return item
 
 
+def split_items(value: str) -> list[str]:
+    """``a=1,b=[1,2],c={x: 1, y: 2}`` -> ``["a=1", "b=[1,2]", "c={x: 1, y: 2}"]``: the commas
+    between items, not those inside brackets or braces (Kedro splits at every comma)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(value):
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        elif ch == "," and depth == 0:
+            items.append(value[start:i])
+            start = i + 1
+    items.append(value[start:])
+    return [i.strip() for i in items if i.strip()]
+
+
 def split_params(ctx: click.Context, param: Any, value: Any) -> Any:
-    """Kedro's ``--params`` parsing, after quoting the values it would read as base-60 numbers."""
+    """Kedro's ``--params`` parsing, on items split outside brackets, after quoting the values it
+    would read as base-60 numbers."""
     if isinstance(value, str):
-        value = ",".join(keep_sexagesimal_strings(i) for i in split_string(ctx, param, value))
+        items = [keep_sexagesimal_strings(i) for i in split_items(value)]
+        if any("," in i for i in items):  # a list or mapping: Kedro's parser would cut it
+            bad = [i for i in items if "=" not in i or not i.partition("=")[0].strip()]
+            if bad:
+                ctx.fail(f"Invalid format of `{param.name}` option: Item `{bad[0]}` must contain "
+                         "a key and a value separated by `=`.")
+            return OmegaConf.to_container(OmegaConf.from_dotlist(
+                [f"{k.strip()}={v}" for k, _, v in (i.partition("=") for i in items)]))
+        value = ",".join(items)
     return _split_params(ctx, param, value)
 
 

@@ -1,6 +1,7 @@
 """`kedro run --params` as a user types it: a host range ``2:3`` reaches ``train.launch.nnodes``
 as the string "2:3" (Kedro parses --params values as YAML 1.1, where it is the base-60 integer
-123; the project's own run command, recscale/cli.py, keeps it as typed)."""
+123; the project's own run command, recscale/cli.py, keeps it as typed), a list keeps its commas,
+and a misspelt block stops the run."""
 
 import pytest
 
@@ -22,12 +23,13 @@ def test_a_host_range_typed_in_params_arrives_as_the_range(tmp_path):
     proj = make_project_copy(tmp_path)
     # the config node alone: the range parsed, a job across hosts configured, nothing trained
     job = ("train.launch.nnodes=2:3,train.launch.world_size=3,train.launch.max_restarts=1,"
-           f"train.checkpoint.dir={tmp_path / 'ckpt'}")
+           f"train.checkpoint.dir={tmp_path / 'ckpt'},preprocess.splits=[0.5,0.25,0.25]")
     res = kedro(proj, "run", "--pipeline=dlrm", "--env=test", "--to-nodes=parse_dlrm_config",
                 f"--params={job}")
     assert "Pipeline execution completed successfully" in res.stderr + res.stdout
     params = _params_of_the_run(proj)
     assert params["train.launch.nnodes"] == "2:3" and params["train.launch.world_size"] == "3"
+    assert params["preprocess.splits"] == "[0.5, 0.25, 0.25]"  # a list, its commas kept
     # and the check that names the key sees the range, not 123
     res = kedro(proj, "run", "--pipeline=dlrm", "--env=test", "--to-nodes=parse_dlrm_config",
                 "--params=train.launch.nnodes=2:3", check=False)

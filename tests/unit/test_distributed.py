@@ -127,3 +127,12 @@ def test_a_base_60_nnodes_says_what_went_wrong_and_a_typed_range_stays_a_string(
     assert got.exit_code == 0, got.output
     assert eval(got.output) == {"train": {"launch": {"nnodes": "2:3", "world_size": 3}},
                                 "rdzv": "10.0.0.1:29400", "lr": 0.5, "name": "a:b"}
+    # a list or a mapping keeps its commas, beside the other items
+    got = CliRunner().invoke(show, ["--params=preprocess.splits=[0.9,0.0,0.1],train.launch.nnodes"
+                                    "=2:3,model.top_mlp=[64, 1],x={a: 1, b: [2,3]}"])
+    assert got.exit_code == 0, got.output
+    assert eval(got.output) == {"preprocess": {"splits": [0.9, 0.0, 0.1]},
+                                "train": {"launch": {"nnodes": "2:3"}},
+                                "model": {"top_mlp": [64, 1]}, "x": {"a": 1, "b": [2, 3]}}
+    got = CliRunner().invoke(show, ["--params=a=[1,2],oops"])
+    assert got.exit_code != 0 and "Item `oops` must contain a key and a value" in got.output
