@@ -19,7 +19,7 @@ from recscale.model.convert import recipe_from_resolved
 from recscale.runconfig.dlrm import EvaluateConfig
 from recscale.scoring import score_split
 from recscale.scoring.files import score_files
-from recscale.scoring.raw import RawScorer, frame_to_table
+from recscale.scoring.raw import EVALUATE_BATCH_SIZE, RawScorer, frame_to_table
 from tests.conftest import criteo_frame
 
 SCHEMA = {"label": "click",
@@ -78,7 +78,7 @@ def test_raw_rows_score_as_the_evaluation_path_scores_their_preprocessed_rows(da
     assert scorer.batch_size == resolved["evaluate"]["batch_size"]
     no_block = {k: v for k, v in resolved.items() if k != "evaluate"}
     assert RawScorer.load(no_block, state, man["vocabulary_path"]).batch_size \
-        == EvaluateConfig.batch_size == 16384
+        == EVALUATE_BATCH_SIZE == EvaluateConfig.batch_size
     first, rows = _test_rows(raw, man)
     got = scorer.score_table(rows.drop_columns(["click"]))
     assert not got.errors and got.labels is None

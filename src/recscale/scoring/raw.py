@@ -27,7 +27,11 @@ from recscale.data.table_parse import parse_block
 from recscale.data.table_source import needed_columns
 from recscale.data.vocab import Vocabulary, load_vocabulary
 from recscale.model import DLRM, model_from_resolved
-from recscale.runconfig.dlrm import EvaluateConfig
+
+# a run's config without evaluate.batch_size (an older run's) scores in batches of
+# EvaluateConfig.batch_size's default (tests/unit/test_raw_scoring.py holds them equal; scoring
+# may not import runconfig)
+EVALUATE_BATCH_SIZE = 16384
 
 
 def frame_to_table(frame) -> pa.Table:
@@ -92,7 +96,7 @@ class RawScorer:
         return cls(model_from_resolved(dict(resolved_config), dict(state)), fitted, vocab,
                    pre.get("max_bag_size", PreprocessConfig.max_bag_size),
                    batch_size or resolved_config.get("evaluate", {}).get(
-                       "batch_size", EvaluateConfig.batch_size))
+                       "batch_size", EVALUATE_BATCH_SIZE))
 
     @property
     def label(self) -> str:
