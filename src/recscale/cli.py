@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 from kedro.framework.cli.project import run as _kedro_run
-from kedro.framework.cli.utils import _split_params
 from omegaconf import OmegaConf
 
 # what YAML 1.1 resolves as a base-60 integer or float: digits, then ":" and one or two digits
@@ -46,19 +45,17 @@ def split_items(value: str) -> list[str]:
 
 
 def split_params(ctx: click.Context, param: Any, value: Any) -> Any:
-    """Kedro's ``--params`` parsing, on items split outside brackets, after quoting the values it
-    would read as base-60 numbers."""
-    if isinstance(value, str):
-        items = [keep_sexagesimal_strings(i) for i in split_items(value)]
-        if any("," in i for i in items):  # a list or mapping: Kedro's parser would cut it
-            bad = [i for i in items if "=" not in i or not i.partition("=")[0].strip()]
-            if bad:
-                ctx.fail(f"Invalid format of `{param.name}` option: Item `{bad[0]}` must contain "
-                         "a key and a value separated by `=`.")
-            return OmegaConf.to_container(OmegaConf.from_dotlist(
-                [f"{k.strip()}={v}" for k, _, v in (i.partition("=") for i in items)]))
-        value = ",".join(items)
-    return _split_params(ctx, param, value)
+    """Kedro's ``--params`` parsing (``key=value`` items into nested values, read as YAML), on
+    items split outside brackets, after quoting the values it would read as base-60 numbers."""
+    if not isinstance(value, str):
+        return value
+    items = [keep_sexagesimal_strings(i) for i in split_items(value)]
+    bad = [i for i in items if not i.partition("=")[0].strip() or "=" not in i]
+    if bad:
+        ctx.fail(f"Invalid format of `{param.name}` option: Item `{bad[0]}` must contain a key "
+                 "and a value separated by `=`.")
+    return OmegaConf.to_container(OmegaConf.from_dotlist(
+        [f"{k.strip()}={v}" for k, _, v in (i.partition("=") for i in items)]))
 
 
 @click.group(name="recscale")
