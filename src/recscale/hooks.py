@@ -21,7 +21,7 @@ from recscale.config import check_blocks, flatten, parse
 # a run whose parameters hold another (a typo in a config env or in --params) stops before any
 # node. Kept here, not imported from the pipelines, so Kedro's start-up does not load torch.
 PARAMETER_BLOCKS = ("data", "features", "preprocess", "sharding", "comms", "model", "train",
-                    "evaluate", "hf", "hf_speech", "retrain", "score")
+                    "evaluate", "hf", "hf_speech", "retrain", "score", "tune")
 
 
 class TrackingStoreUnreachable(RuntimeError):
@@ -81,6 +81,8 @@ class RecscaleHooks:
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
+        if "run_env" in pipeline.inputs():  # the tune pipeline copies the env it ran in
+            catalog["run_env"] = run_params.get("env") or "local"
         try:
             import mlflow
 

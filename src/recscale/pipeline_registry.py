@@ -1,10 +1,20 @@
 """Project pipelines: ``dlrm`` = data_processing + sharding + training + evaluation (the default);
 ``dlrm_retrain`` = scheduled retraining on new daily partitions; ``synthetic_day`` writes one;
-``score`` = raw files scored by a logged or registered model."""
+``score`` = raw files scored by a logged or registered model; ``tune`` = a hyperparameter study
+over the DLRM config (data preprocessed once, then Optuna trials)."""
 
 from kedro.pipeline import Pipeline
 
-from recscale.pipelines import data_processing, evaluation, hf, retrain, scoring, sharding, training
+from recscale.pipelines import (
+    data_processing,
+    evaluation,
+    hf,
+    retrain,
+    scoring,
+    sharding,
+    training,
+    tune,
+)
 
 
 def register_pipelines() -> dict[str, Pipeline]:
@@ -24,5 +34,6 @@ def register_pipelines() -> dict[str, Pipeline]:
         "dlrm_retrain": retrain.create_pipeline(),
         "synthetic_day": retrain.create_synthetic_day_pipeline(),
         "score": scoring.create_pipeline(),
+        "tune": tune.create_pipeline(),
         "__default__": dlrm,
     }

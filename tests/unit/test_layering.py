@@ -36,6 +36,8 @@ ALLOWED = {
     # the validation points' metrics (train.validation)
     "train": {"comm", "data", "distributed", "embedding", "evaluate", "model", "optim", "report",
               "runconfig", "sharding"},
+    # the study's trials train and score through the run's own code (Optuna, no Kedro or MLflow)
+    "tune": {"runconfig", "scoring", "train"},
 }
 # the measurement is a tool the pipelines and ``recscale calibrate`` call, not a library layer
 ONLY_FROM_OUTSIDE_THE_LIBRARY = {"measure"}

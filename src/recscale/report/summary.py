@@ -83,6 +83,7 @@ def summarize(results: dict[int, dict]) -> TrainResult:
         "best_step": r0.get("best_step", 0),
         "best_validation_value": r0.get("best_value", float("nan")),
         "stopped_early_at": r0.get("stopped_early_at", 0),
+        "pruned_at": r0.get("pruned_at", 0),
         "restored_best": int(bool(r0.get("restored_best", False))),
     }
     for rank, r in sorted(results.items()):

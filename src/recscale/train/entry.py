@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +63,8 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                init_state: dict[str, torch.Tensor] | None = None,
                sharded: bool | None = None,
                sharding: ShardingConfig | None = None,
-               init_state_table_sizes: Sequence[int] | None = None) -> TrainOutcome:
+               init_state_table_sizes: Sequence[int] | None = None,
+               observer: Callable[[int, dict[str, float]], bool] | None = None) -> TrainOutcome:
     """Train on the manifest's train split: in this process when ``train.launch.world_size`` is
     1, else sharded over that many workers as ``plan`` says (under torchrun: as this process's
     rank; every rank returns the trained model); ``sharded=True`` runs the sharded runtime also
@@ -74,7 +75,11 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
     Several hosts (``train.launch.nnodes`` > 1 or a range): this process is the driver; it
     publishes the job in its rendezvous store for the hosts that run ``recscale join`` (see
     ``recscale.train.job_worker``); ``sharding`` (the run's sharding block) lets the workers replan
-    when hosts are lost or come back."""
+    when hosts are lost or come back.
+
+    ``observer(step, metrics)``: called on rank 0 at each validation point (``train.validation``);
+    True ends training there (a tuner's pruner; ``result.extra["pruned_at"]``). It must pickle
+    when the run is sharded; a job across hosts takes none."""
     comms = comms or CommsConfig()
     if (slow := bf16_warning(model_cfg.dense_precision, resolve_device(train_cfg.device))):
         log.warning(slow)
@@ -93,11 +98,11 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
             raise ValueError("init_state (a warm start from a state_dict) runs in one process; "
                              "the sharded runtime warm-starts from train.checkpoint.init_from")
         model, results, transitions = _train_sharded(manifest, model_cfg, train_cfg, comms, plan,
-                                                     out_dir, sharding)
+                                                     out_dir, sharding, observer)
         threads = train_cfg.num_threads or 0
     else:
         model, results, threads = _train_local(manifest, model_cfg, train_cfg, plan, init_state,
-                                              init_state_table_sizes)
+                                              init_state_table_sizes, observer)
         transitions = []
     result = summarize(results)
     result.transitions = transitions
@@ -126,8 +131,8 @@ def check_rows_trained(result: TrainResult, rows: int, train_cfg: TrainConfig) -
     across resumes under another world size: the rows before the checkpoint are counted once
     (steps replayed after it belong to the attempt that died, which returns nothing)."""
     expected = rows * train_cfg.epochs
-    if result.extra and result.extra.get("stopped_early_at"):
-        # early stopping ends the run at a step: every rank's rows up to it, no more, no fewer
+    if result.extra and (result.extra.get("stopped_early_at") or result.extra.get("pruned_at")):
+        # early stopping (or a tuner's pruner) ends the run at a step: every rank's rows up to it, no more, no fewer
         if result.samples > expected:
             raise RuntimeError(f"trained on {result.samples} samples, more than the train split's "
                                f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
@@ -141,15 +146,17 @@ def check_rows_trained(result: TrainResult, rows: int, train_cfg: TrainConfig) -
                            f"{rows} rows x {train_cfg.epochs} epochs = {expected}")
 
 
-def _train_local(manifest, model_cfg, train_cfg, plan, init_state, init_state_table_sizes=None):
+def _train_local(manifest, model_cfg, train_cfg, plan, init_state, init_state_table_sizes=None,
+                 observer=None):
     # in the caller's process: its threads and memory are its own again after the run
     with threads_for_run(train_cfg.num_threads) as threads:
         model, results = _train_in_process(manifest, model_cfg, train_cfg, plan, init_state,
-                                           init_state_table_sizes)
+                                           init_state_table_sizes, observer)
     return model, results, threads
 
 
-def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_state_table_sizes):
+def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_state_table_sizes,
+                      observer=None):
     device = resolve_device(train_cfg.device)
     # tables the plan puts on a slower tier (e.g. beyond train.tiers.ram_budget_bytes) train
     # from it behind a cache
@@ -166,13 +173,15 @@ def _train_in_process(manifest, model_cfg, train_cfg, plan, init_state, init_sta
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
     data = loader_data(manifest, train_cfg, 0, 1, device)
     data.validation = validation_data(manifest, train_cfg, 0, 1)
+    if data.validation is not None:
+        data.validation.observer = observer
     res = run_loop(LocalRuntime(model, train_cfg, device), data, train_cfg, ckpt)
     if placements is not None or device.type != "cpu":
         model = to_cpu_model(model, recipe)
     return model, {0: res.__dict__}
 
 
-def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, sharding):
+def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, sharding, observer=None):
     if plan is None:
         raise ValueError("train.launch.world_size > 1 needs a sharding plan (the sharding "
                          "pipeline makes one)")
@@ -182,6 +191,9 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
     run_id = new_run_id()  # one id per launch: elastic restarts resume from its checkpoints
     transitions = []
     if train_cfg.launch.multi_host and not in_torchrun():
+        if observer is not None:
+            raise ConfigError("a validation observer (a tuner's pruner) is not taken by a job "
+                              "across hosts (train.launch.nnodes > 1): tune on one host")
         if sharding is None:
             raise ValueError("a job across hosts needs the run's sharding block (train_dlrm("
                              "..., sharding=cfg.sharding)): workers replan when hosts change")
@@ -206,7 +218,7 @@ def _train_sharded(manifest, model_cfg, train_cfg, comms, plan, out_dir, shardin
         try:
             local = launch(sharded_train_worker,
                            (manifest, to_dict(model_cfg), to_dict(train_cfg), to_dict(comms),
-                            plan.to_dict(), out_dir, run_id), train_cfg.launch)
+                            plan.to_dict(), out_dir, run_id, observer), train_cfg.launch)
             run = local[min(local)]
             try:
                 model = _load_trained(manifest, model_cfg, train_cfg, run, local)

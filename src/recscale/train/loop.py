@@ -116,6 +116,7 @@ class RankResult:
     best_step: int = 0
     best_value: float = float("nan")
     stopped_early_at: int = 0
+    pruned_at: int = 0  # the step the validation observer ended training at (0: none)
     restored_best: bool = False
     validation_points: int = 0
     validation_seconds: float = 0.0

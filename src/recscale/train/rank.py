@@ -85,18 +85,18 @@ def validation_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_siz
 
 def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
                comms: CommsConfig, plan: ShardingPlan, out_dir: str, run_id: str,
-               on_step=None) -> dict[str, Any]:
+               on_step=None, observer=None) -> dict[str, Any]:
     """One rank's whole run, inside ``run_in_group``: its model lives and dies in here, so it
     is freed before the group is torn down, and only plain results leave. ``on_step``: see
-    ``run_loop``. Under torchrun this is the caller's own process (its Kedro run): its threads
+    ``run_loop``; ``observer``: see ``ValidationData``. Under torchrun this is the caller's own process (its Kedro run): its threads
     and the memory training kept go back afterwards (``threads_for_run``)."""
     with threads_for_run(train_cfg.num_threads, ctx.local_world_size):
         return _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
-                           on_step)
+                           on_step, observer)
 
 
 def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
-                on_step) -> dict[str, Any]:
+                on_step, observer=None) -> dict[str, Any]:
     fitted = FittedSchema.of(manifest)
     rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms,
                         feature_names=fitted.sparse_names, num_dense=fitted.num_dense,
@@ -107,6 +107,8 @@ def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_i
                             fingerprint=model_fingerprint(manifest, model_cfg, train_cfg))
     data = loader_data(manifest, train_cfg, ctx.rank, ctx.world_size, ctx.device)
     data.validation = validation_data(manifest, train_cfg, ctx.rank, ctx.world_size)
+    if data.validation is not None:  # rank 0 calls it; every rank takes its answer
+        data.validation.observer = observer
     res = run_loop(rt, data, train_cfg, ckpt, on_step)
     tables_and_states = rt.model.embeddings.full_tables(dst=0)
     path = None
@@ -129,10 +131,12 @@ def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_i
 @record
 @worker_entry
 def sharded_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: dict,
-                         plan_d: dict, out_dir: str, run_id: str = "run") -> dict[str, Any]:
+                         plan_d: dict, out_dir: str, run_id: str = "run",
+                         observer=None) -> dict[str, Any]:
     """Entry point of every worker process (picklable arguments only). -> {"ranks": {rank:
     RankResult as a dict}, "state_path": the unsharded model rank 0 wrote}."""
     train_cfg = parse(TrainConfig, train_d, "train")
     return run_in_group(train_cfg.launch, train_rank, manifest, parse(ModelConfig, model_d, "model"),
                         train_cfg, parse(CommsConfig, comms_d, "comms"),
-                        ShardingPlan.from_dict(plan_d), out_dir, run_id, device=train_cfg.device)
+                        ShardingPlan.from_dict(plan_d), out_dir, run_id, observer=observer,
+                        device=train_cfg.device)

@@ -47,6 +47,10 @@ class ValidationData:
     steps: int
     rows: int
     empty: Batch
+    # the caller's view of each point (a tuner's pruner): ``observer(step, metrics)`` runs on rank
+    # 0 only (it need not work in the other ranks' processes, but must pickle to reach rank 0's);
+    # True ends training there, on every rank, as early stopping would (``RankResult.pruned_at``)
+    observer: Callable[[int, dict[str, float]], bool] | None = None
 
 
 def validation_metrics(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
@@ -68,6 +72,7 @@ class Validator:
         self.points = 0
         self.last_step = -1  # the step of the last validation point
         self.seconds = 0.0
+        self.pruned = False  # the observer ended training
 
     # ---------------------------------------------------------------------------- when
     def due(self, global_step: int, batch: int, steps: int) -> bool:
@@ -131,8 +136,14 @@ class Validator:
         return self.stop.enabled and self.bad >= self.stop.patience
 
     def stops(self, res, rank: int) -> bool:
-        """After a validation point: does early stopping end training here (recorded in
-        ``res.stopped_early_at``)?"""
+        """After a validation point: does early stopping (recorded in ``res.stopped_early_at``)
+        or the observer (``res.pruned_at``) end training here?"""
+        if self.pruned:
+            res.pruned_at = res.steps
+            if rank == 0:
+                log.info("training ended at step %d: pruned by the observer of validation "
+                         "points (a tuner's pruner)", res.steps)
+            return True
         if not self.should_stop:
             return False
         res.stopped_early_at = res.steps
@@ -168,6 +179,10 @@ def validation_point(rt, validator: Validator, res) -> bool:
     validator.last_step = res.steps
     for k, v in m.items():
         res.history.setdefault(f"validation.{k}", []).append({"step": res.steps, "value": v})
+    if validator.data.observer is not None:
+        # rank 0 asks; every rank takes its answer (the sharded forward is a collective)
+        mine = bool(validator.data.observer(res.steps, dict(m))) if rt.rank == 0 else False
+        validator.pruned = bool(rt.all_gather(mine)[0])
     if rt.rank == 0:
         best = " (best)" if better else (f" (best {validator.best_value:.4f} at step "
                                          f"{validator.best_step})")
