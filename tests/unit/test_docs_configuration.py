@@ -1,5 +1,5 @@
 """docs/configuration.md documents every key of the typed configs: each leaf of the DLRM root
-(``DLRMConfig``), ``retrain``, ``score``, ``hf`` and ``hf_speech`` is named in the first cell of a
+(``DLRMConfig``), ``retrain``, ``score``, ``tune``, ``hf`` and ``hf_speech`` is named in the first cell of a
 table row of its block's section (``## `block` ``, ``### `train.x` ``), or under a documented key
 that stands for its subtree (a row ``train.launch.*``, or ``hf`` pointing at hf.optimizer's keys);
 a key holding a mapping (``sharding.options``) by rows of its keys.
@@ -13,11 +13,12 @@ from recscale.hf.config import MnistJobConfig, SpeechJobConfig
 from recscale.retrain.config import RetrainConfig
 from recscale.runconfig import DLRMConfig
 from recscale.scoring.config import ScoreConfig
+from recscale.tune import TuneConfig
 from tests.conftest import PROJECT_ROOT
 
 DOC = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
 ROOTS = ((DLRMConfig, ""), (RetrainConfig, "retrain."), (ScoreConfig, "score."),
-         (MnistJobConfig, "hf."), (SpeechJobConfig, "hf_speech."))
+         (TuneConfig, "tune."), (MnistJobConfig, "hf."), (SpeechJobConfig, "hf_speech."))
 
 
 def sections() -> dict[str, set[str]]:
