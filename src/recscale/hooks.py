@@ -81,8 +81,11 @@ class RecscaleHooks:
 
     @hook_impl
     def before_pipeline_run(self, run_params, pipeline, catalog) -> None:
-        if "run_env" in pipeline.inputs():  # the tune pipeline copies the env it ran in
-            catalog["run_env"] = run_params.get("env") or "local"
+        if "run_env" in pipeline.inputs():  # the tune pipeline: the env it copies, and its
+            catalog["run_env"] = run_params.get("env") or "local"  # block checked before any work
+            from recscale.pipelines.tune.nodes import check_study
+
+            check_study(catalog.load("parameters"))
         try:
             import mlflow
 

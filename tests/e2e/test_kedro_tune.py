@@ -57,16 +57,22 @@ def test_a_study_logs_its_trials_and_its_best_env_reproduces_the_trial(tmp_path)
     run = _runs(proj).iloc[-1]
     assert run["tags.mlflow.runName"].startswith("dlrm @ tuned_e2e")
     assert run["metrics.test.auc"] == pytest.approx(best["test"]["auc"], abs=1e-3)
-    # the same command again: the study holds its trials, nothing more runs
-    res = kedro(proj, "run", "--pipelines=tune", "--env=test", f"--params={STUDY}", timeout=600)
-    assert "study 'e2e' already holds 3 trials" in res.stderr
 
 
-def test_a_bad_tune_block_stops_the_run_before_any_trial(tmp_path):
+def test_a_bad_tune_block_stops_the_run_before_any_work(tmp_path):
     proj = make_project_copy(tmp_path)
     res = kedro(proj, "run", "--pipelines=tune", "--env=test",
                 "--params=tune.trails=3", check=False)
     assert res.returncode != 0
     assert "tune.trails" in res.stderr and "(did you mean 'trials'?)" in res.stderr, \
         res.stderr[-3000:]
-    assert "trial 0" not in res.stderr
+    assert "Running node" not in res.stderr  # before any work: no data made
+    # a misspelt key of the space, in an env's tune block
+    (proj / "conf" / "badspace").mkdir()
+    (proj / "conf" / "badspace" / "parameters_tune.yml").write_text(
+        "tune:\n  space:\n    train.embeding_optimizer.learning_rate: {log_uniform: [0.01, 0.3]}\n")
+    res = kedro(proj, "run", "--pipelines=tune", "--env=badspace", check=False)
+    assert res.returncode != 0
+    assert ("tune.space['train.embeding_optimizer.learning_rate'] at 0.01:" in res.stderr
+            and "(did you mean 'embedding_optimizer'?)" in res.stderr), res.stderr[-3000:]
+    assert "Running node" not in res.stderr

@@ -101,19 +101,27 @@ def _log_trial(out: TrialOutcome) -> None:
     mlflow.set_tag("recscale.tune.state", "PRUNED" if out.pruned_at else "COMPLETE")
 
 
+def check_study(parameters: dict):
+    """The ``tune`` block and its space against the run's DLRM parameters, before any work (the
+    project's hook calls it when a run holds the tune node): -> (TuneConfig, the space, the DLRM
+    blocks)."""
+    cfg = parse(TuneConfig, parameters.get("tune") or {}, "tune")
+    space = parse_space(cfg.space)
+    base = {b: parameters[b] for b in DLRM_BLOCKS if b in parameters}
+    check_space(space, apply(base, TRIAL_SETTINGS), _parse)
+    if not _parse(base).train.validation.enabled:
+        raise ConfigError("train.validation.enabled=false is not allowed for tuning: the pruner "
+                          "and each trial's value read the validation split (set it true)")
+    return cfg, space, base
+
+
 def tune_dlrm(dataset_manifest: dict, raw_manifest: dict, parameters: dict, tune_params: dict,
               run_env: str = "local"):
     """-> the study's metrics, its table (every trial), its plots and the best trial's record;
     the best trial's parameters are written to ``conf/<tune.best_env>/``."""
-    cfg = parse(TuneConfig, tune_params, "tune")
-    space = parse_space(cfg.space)
-    base = {b: parameters[b] for b in DLRM_BLOCKS if b in parameters}
+    cfg, space, base = check_study({**parameters, "tune": tune_params})
     trial_base = apply(base, TRIAL_SETTINGS)
-    check_space(space, trial_base, _parse)
     run_cfg = _parse(base)
-    if not run_cfg.train.validation.enabled:
-        raise ConfigError("train.validation.enabled=false is not allowed for tuning: the pruner "
-                          "and each trial's value read the validation split (set it true)")
     oracle = (np.load(raw_manifest["oracle_path"], mmap_mode="r")
               if "oracle_path" in raw_manifest else None)
     storage = cfg.storage_url(".")
