@@ -225,6 +225,9 @@ def figures(study: optuna.Study) -> dict:
         if len(done) >= 2 and len({tuple(sorted(t.params.items())) for t in done}) >= 2:
             out["param_importances.png"] = ovm.plot_param_importances(
                 study, evaluator=optuna.importance.PedAnovaImportanceEvaluator()).figure
+    for fig in out.values():  # room for the keys' full names
+        fig.set_size_inches(10, 5)
+        fig.tight_layout()
     return out
 
 
