@@ -7,7 +7,7 @@ export DO_NOT_TRACK := true
 export KEDRO_DISABLE_TELEMETRY := true
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: install airflow system-packages run test test-fast lint bench bench-preprocess torchrec clean
+.PHONY: install airflow system-packages run test test-fast test-planner lint bench bench-preprocess torchrec clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,9 +44,13 @@ bench-preprocess: install system-packages
 test: install system-packages airflow
 	$(BIN)/python -m pytest
 
-# the unit tests alone (no processes, no training runs, no Spark): about three minutes
+# the unit tests alone (no processes, no training runs, no Spark, no planning of drawn mixes)
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
+
+# the planner's geometry, properties and balance over drawn mixes (CPU minutes; `make test` runs them)
+test-planner: install
+	$(BIN)/python -m pytest tests/planner -q
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks

@@ -90,7 +90,7 @@ def draw_mix(seed: int, large: bool = False) -> dict:
 
 
 def small_mix(seed: int):
-    """The property tests' mix of ``seed`` (tests/unit/test_sharding_properties.py): 3-59
+    """The property tests' mix of ``seed`` (tests/planner/test_sharding_properties.py): 3-59
     tables on 1-16 ranks of any preset, weights 0.05-1.5x the compute tier of all ranks ->
     (tables, topology, planner options); planned at a local batch of 256."""
     rng = np.random.default_rng([seed, 7])

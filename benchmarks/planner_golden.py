@@ -15,7 +15,7 @@ compare the plans' slowest ranks with ``--compare OLD`` (outputs the old code wr
 verdict on the one-host plans (exit 1 if any of their maxima rose). A case whose plan is
 the same and only its report differs (say, a tighter bound) is counted apart.
 
-The cases: the inputs of tests/unit/test_sharding.py and test_sharding_node.py, the mixes of
+The cases: the inputs of tests/planner/test_sharding.py and tests/unit/test_sharding_node.py, the mixes of
 benchmarks/bench_planner.py (and benchmarks/criteo_kaggle_tables.yaml) under all three strategies,
 seeded random mixes (10..1000 tables, dims 16..256, pooling 1..50, constraints, small topologies
 that spill to DDR/SSD with caches, world sizes 1..128, option variations) and bad inputs.
@@ -51,7 +51,7 @@ TYPES = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wi
          "table_column_wise")
 
 
-# --- inputs of tests/unit/test_sharding.py -------------------------------------------------------
+# --- inputs of tests/planner/test_sharding.py -------------------------------------------------------
 def zionex(ws=16):
     return Topology.preset("zionex", world_size=ws)
 

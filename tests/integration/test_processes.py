@@ -29,7 +29,7 @@ print(json.dumps({"threads": threads, "inside": inside, "restored": torch.get_nu
 
 
 def test_plan_is_identical_across_processes(tmp_path):
-    here = str(Path(__file__).parents[1] / "unit")  # test_sharding's mixes
+    here = str(Path(__file__).parents[1] / "planner")  # test_sharding's mixes
     code = (f"import json, sys; sys.path.insert(0, {here!r}); "
             "from test_sharding import mix, zionex; from recscale.sharding import plan_sharding; "
             "d = plan_sharding(mix(80), zionex(32), 512).to_dict(); "

@@ -16,7 +16,7 @@ import recscale.sharding.partition as partition
 from recscale.sharding import TableSpec, Topology, plan_sharding
 from recscale.sharding.bounds import least_target, lower_bound, plan_lower_bound
 from recscale.sharding.types import PlannerOptions
-from tests.unit.test_sharding_properties import plan_of, small_mix
+from tests.planner.test_sharding_properties import plan_of, small_mix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_balance as bb  # noqa: E402

@@ -23,9 +23,9 @@ from recscale.sharding.option_grid import TableArrays
 from recscale.sharding.proposals import SAND, price_options, rocks_and_sand
 from recscale.sharding.tiering import assign_tiers, choose_data_parallel
 from recscale.sharding.types import PlannerOptions
-from tests.unit.test_option_search import without_packed_order
-from tests.unit.test_sharding import check_geometry
-from tests.unit.test_sharding_properties import small_mix
+from tests.planner.test_option_search import without_packed_order
+from tests.planner.test_sharding import check_geometry
+from tests.planner.test_sharding_properties import small_mix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_balance as bb  # noqa: E402

@@ -15,8 +15,8 @@ import pytest
 import recscale.sharding.partition as partition
 from recscale.sharding import PlannerError, plan_sharding
 from recscale.sharding.repack import _pack
-from tests.unit.test_option_search import without_packed_order
-from tests.unit.test_sharding_properties import small_mix
+from tests.planner.test_option_search import without_packed_order
+from tests.planner.test_sharding_properties import small_mix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_balance as bb  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 from recscale.sharding import exact as E
 from recscale.sharding import partition, plan_sharding
 from recscale.sharding.bounds import plan_lower_bound
-from tests.unit.test_sharding import check_geometry
-from tests.unit.test_sharding_properties import small_mix
+from tests.planner.test_sharding import check_geometry
+from tests.planner.test_sharding_properties import small_mix
 
 
 def _plan(seed, monkeypatch, on=True):

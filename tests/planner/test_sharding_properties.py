@@ -16,7 +16,7 @@ import pytest
 
 from recscale.sharding import PlannerError, plan_sharding
 from recscale.sharding.bounds import plan_lower_bound
-from tests.unit.test_sharding import check_geometry
+from tests.planner.test_sharding import check_geometry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_balance import balance, small_mix  # noqa: E402

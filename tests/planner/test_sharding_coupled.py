@@ -13,7 +13,7 @@ from recscale.sharding.bounds import plan_lower_bound
 from recscale.sharding.context import PlanContext
 from recscale.sharding.option_grid import TableArrays
 from recscale.sharding.tiering import CACHE_CANDIDATES
-from tests.unit.test_sharding_properties import plan_of, small_mix
+from tests.planner.test_sharding_properties import plan_of, small_mix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_balance import balance  # noqa: E402
