@@ -7,6 +7,7 @@ import time
 
 import optuna
 import pytest
+import torch
 
 from recscale.config import parse
 from recscale.model import ModelConfig
@@ -135,3 +136,17 @@ def test_two_processes_share_one_study(tmp_path):
     assert sum(ran) == len(numbers) and sorted(numbers) == list(range(len(numbers)))
     # each stops once the study holds tune.trials; one may have started a trial just before
     assert 6 <= len(numbers) <= 7 and all(t.state == S.COMPLETE for t in study.trials)
+
+
+def test_dropout_draws_the_same_masks_whatever_ran_before_in_the_process(parquet_dataset):
+    """Trials share a process: a trial with dropout must train what a fresh run trains (the
+    best trial's env reproduces it), however much of the global generator earlier trials used."""
+    model = parse(ModelConfig, {**SMALL, "dropout": {"bottom": 0.2, "top": 0.3}}, "model")
+    train = parse(TrainConfig, {**PARAMS["train"], "max_steps": 6}, "train")
+    first = train_dlrm(parquet_dataset, model, train).model.state_dict()
+    torch.rand(12345)  # what another trial's draws would have left behind
+    second = train_dlrm(parquet_dataset, model, train).model.state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    other = train_dlrm(parquet_dataset, model, parse(TrainConfig, {**PARAMS["train"], "max_steps": 6,
+                                                                    "seed": 1}, "train"))
+    assert not all(torch.equal(first[k], v) for k, v in other.model.state_dict().items())

@@ -67,7 +67,7 @@ class LocalRuntime(Runtime):
                 model, self.opt,
                 curvature_batch_size=train_cfg.dense_optimizer.curvature_batch_size)
         else:
-            self.step = TrainStep(model, self.opt)
+            self.step = TrainStep(model, self.opt, train_cfg.seed)
 
 
 class ShardedRuntime(Runtime):
@@ -96,7 +96,7 @@ class ShardedRuntime(Runtime):
             self.step = HessianFreeStep(model, self.opt, ctx.world_size, sharded=True,
                                         curvature_batch_size=dense_opt.curvature_batch_size)
         else:
-            self.step = ShardedStep(model, self.opt, ctx.world_size)
+            self.step = ShardedStep(model, self.opt, ctx.world_size, train_cfg.seed, ctx.rank)
 
     def all_reduce_(self, t: torch.Tensor) -> None:
         if dist.get_backend() == "nccl":  # NCCL reduces device tensors only

@@ -145,17 +145,41 @@ class EmbeddingSchedule:
             group[self.KEY] = int(group.get(self.KEY, 0)) + 1
 
 
+class DropoutSeed:
+    """Dropout's masks drawn from (``train.seed``, rank, step) alone: the global generator is
+    seeded before each step's forward, so a run draws the same masks whatever ran before it in
+    the process (a tuner's earlier trials, a notebook) and a resumed run the masks of an
+    uninterrupted one. The step count rides in the dense optimizer's first param group
+    (``dropout_step``), which checkpoints save. Does nothing when the model has no dropout."""
+
+    KEY = "dropout_step"
+
+    def __init__(self, model: DLRM, opt: torch.optim.Optimizer, seed: int, rank: int):
+        self.opt, self.on = opt, model.cfg.dropout.any
+        self.base = (int(seed) * 1_000_003 + int(rank)) * 1_000_033
+
+    def before_forward(self) -> None:
+        if not self.on:
+            return
+        group = self.opt.param_groups[0]
+        step = int(group.get(self.KEY, 0))
+        group[self.KEY] = step + 1
+        torch.manual_seed((self.base + step) % (2**63))
+
+
 class TrainStep:
     """One process: forward, mean BCE, backward (embeddings update in place), dense step."""
 
-    def __init__(self, model: DLRM, dense_optimizer: torch.optim.Optimizer):
+    def __init__(self, model: DLRM, dense_optimizer: torch.optim.Optimizer, seed: int = 0):
         self.model = model
         self.opt = dense_optimizer
         self.loss_fn = nn.BCEWithLogitsLoss()
         self.embedding_schedule = EmbeddingSchedule(model, dense_optimizer)
+        self.dropout_seed = DropoutSeed(model, dense_optimizer, seed, 0)
 
     def __call__(self, batch: Batch, started=None) -> torch.Tensor:
         self.embedding_schedule.before_backward()
+        self.dropout_seed.before_forward()
         logits = self.model(batch.dense, started if started is not None else batch.sparse)
         loss = self.loss_fn(logits, batch.labels)
         self.opt.zero_grad(set_to_none=True)
@@ -173,14 +197,17 @@ class TrainStep:
 class ShardedStep:
     """One rank's part of a global-batch step (see the module docstring)."""
 
-    def __init__(self, model: DLRM, opt: torch.optim.Optimizer, world_size: int):
+    def __init__(self, model: DLRM, opt: torch.optim.Optimizer, world_size: int, seed: int = 0,
+                 rank: int = 0):
         self.model, self.opt, self.world_size = model, opt, world_size
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
         self.embedding_schedule = EmbeddingSchedule(model, opt)
+        self.dropout_seed = DropoutSeed(model, opt, seed, rank)
 
     def __call__(self, batch: Batch, started=None) -> tuple[float, int]:
         """``started``: the batch's input distribution, if already started (pipelining)."""
         self.embedding_schedule.before_backward()
+        self.dropout_seed.before_forward()
         logits = self.model(batch.dense, started if started is not None else batch.sparse)
         global_batch = sum(self.model.embeddings.last_batch_sizes)
         loss_sum = self.loss_fn(logits, batch.labels)
