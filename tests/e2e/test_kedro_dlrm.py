@@ -155,6 +155,15 @@ def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_an
     assert scores["row"].tolist() == list(range(20000)) and scores["error"].isna().all()
     assert np.abs(scores["score"].to_numpy()[ref.rows] - ref.probs).max() <= 1e-6
     assert np.array_equal(scores["label"].to_numpy()[ref.rows], ref.labels.astype(np.int8))
+    # the run kept the evaluation's score of every test row: the batch scores match it by row
+    kept = pq.read_table(client.download_artifacts(
+        run_id, "reports/evaluation_scores.parquet", str(tmp_path))).to_pandas()
+    assert np.array_equal(kept["row"].to_numpy(), ref.rows)
+    assert np.array_equal(kept["label"].to_numpy(), ref.labels.astype(np.int8))
+    assert np.array_equal(kept["score"].to_numpy(), ref.probs.astype(np.float64))
+    joined = kept.merge(scores, on="row", suffixes=("_evaluated", "_scored"))
+    assert len(joined) == len(kept)
+    assert (joined["score_evaluated"] - joined["score_scored"]).abs().max() <= 1e-6
     score_run = _runs(proj, "score")[0].iloc[0]
     assert score_run["metrics.score.rows_scored"] == 20000
     assert score_run["metrics.score.rows_rejected"] == 0 and score_run["params.score.model"] == uri

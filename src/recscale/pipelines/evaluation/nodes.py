@@ -1,7 +1,7 @@
 """Thin evaluation node: the trained model as its resolved config describes it, scored on the
 split (the one evaluation path), beside the baselines of ``evaluate.baselines`` (fitted on the
 train split, scored on the same rows) and the oracle where the data is synthetic, with the ROC
-(AUC) and calibration pictures of all of them."""
+(AUC) and calibration pictures of all of them, and every row's score (row, label, score)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import time
 
 import numpy as np
+import pandas as pd
 
 from recscale.evaluate import lift_metrics, metrics_with_oracle, plots
 from recscale.model import model_from_resolved
@@ -59,4 +60,8 @@ def evaluate_model(model_state: dict, resolved_config: dict, dataset_manifest: d
         curves["oracle"] = (s.labels, np.asarray(oracle)[s.rows])
     figures = {"roc.png": plots.roc_figure(curves, f"ROC on the {split} split"),
                "calibration.png": plots.calibration_figure(scored, title=f"calibration, {split} split")}
-    return as_metrics(metrics), {"split": split, **metrics, **report}, figures
+    # every row's score, as the evaluation scored it: what a served model's or the score
+    # pipeline's output is compared with, by ``row``
+    scores = pd.DataFrame({"row": s.rows.astype(np.int64), "label": s.labels.astype(np.int8),
+                           "score": s.probs.astype(np.float64)})
+    return as_metrics(metrics), {"split": split, **metrics, **report}, figures, scores

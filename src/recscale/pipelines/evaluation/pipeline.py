@@ -11,6 +11,7 @@ def create_pipeline(**kwargs) -> Pipeline:
             dlrm_config_node(),
             Node(evaluate_model, ["model_state", "resolved_config", "dataset_manifest", "raw_manifest",
                   "dlrm_config"],
-                 ["evaluation_metrics", "evaluation_report", "evaluation_plots"], name="evaluate"),
+                 ["evaluation_metrics", "evaluation_report", "evaluation_plots",
+                  "evaluation_scores"], name="evaluate"),
         ]
     )
