@@ -41,16 +41,21 @@ run: install
 bench-preprocess: install system-packages
 	nice -n 5 $(BIN)/python benchmarks/bench_preprocess.py
 
+# the unit and planner tests (single-process Python, no shared files) on both cores at once
+# (pytest-xdist); then everything that starts processes, ranks or hosts, one test at a time.
+# Both halves run whatever the first's result, each in its own random order (its seed printed)
 test: install system-packages airflow
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest tests/unit tests/planner -n 2; a=$$?; \
+	$(BIN)/python -m pytest --ignore=tests/unit --ignore=tests/planner; b=$$?; \
+	test $$a -eq 0 -a $$b -eq 0
 
 # the unit tests alone (no processes, no training runs, no Spark, no planning of drawn mixes)
 test-fast: install
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -n 2
 
 # the planner's geometry, properties and balance over drawn mixes (CPU minutes; `make test` runs them)
 test-planner: install
-	$(BIN)/python -m pytest tests/planner -q
+	$(BIN)/python -m pytest tests/planner -q -n 2
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
