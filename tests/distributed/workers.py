@@ -313,7 +313,8 @@ def _codec_training(ctx: WorkerContext, precisions: list[str], steps: list[list[
 
 @worker_entry
 def row_recording_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: dict,
-                               plan_d: dict, out_dir: str, run_id: str = "run") -> dict:
+                               plan_d: dict, out_dir: str, run_id: str = "run",
+                               observer=None) -> dict:
     """``sharded_train_worker`` that also writes the row ids of every step this rank trains to
     ``out_dir/rows-<run_id>-a<elastic attempt>-rank<r>-<i>.npy`` (i: the attempt's i-th step),
     each as the step ends, so a killed attempt leaves the steps it finished."""
@@ -335,6 +336,6 @@ def row_recording_train_worker(manifest: dict, model_d: dict, train_d: dict, com
     ShardedStep.run = recording  # in this worker process only
     try:
         return inspect.unwrap(rank.sharded_train_worker)(manifest, model_d, train_d, comms_d,
-                                                            plan_d, out_dir, run_id)
+                                                            plan_d, out_dir, run_id, observer)
     finally:
         ShardedStep.run = run
