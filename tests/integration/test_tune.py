@@ -150,3 +150,22 @@ def test_dropout_draws_the_same_masks_whatever_ran_before_in_the_process(parquet
     other = train_dlrm(parquet_dataset, model, parse(TrainConfig, {**PARAMS["train"], "max_steps": 6,
                                                                     "seed": 1}, "train"))
     assert not all(torch.equal(first[k], v) for k, v in other.model.state_dict().items())
+
+
+def test_a_pickled_observer_reports_to_its_trial_through_the_storage(tmp_path):
+    """What a sharded trial's rank 0 gets: a copy without the trial, which it finds again in the
+    storage by the study's name and the trial's number."""
+    import pickle
+
+    from recscale.tune import TrialObserver, open_study
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = open_study(_tune(), storage)
+    study.ask()  # another trial first: the numbers and the ids need not agree
+    trial = study.ask()
+    copy = pickle.loads(pickle.dumps(TrialObserver(trial, _tune(), storage)))
+    assert copy._trial is None
+    assert copy(7, {"auc": 0.61, "log_loss": 0.5, "calibration": 1.0}) is False
+    assert copy(14, {"auc": 0.65, "log_loss": 0.5, "calibration": 1.0}) is False
+    reported = optuna.load_study(study_name="t", storage=storage).trials[1].intermediate_values
+    assert reported == {1: 0.61, 2: 0.65}

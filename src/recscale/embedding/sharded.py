@@ -23,6 +23,11 @@ ones, on the same global batch order. (On one host the two stages would be the f
 The backward of each collective is the transposed collective, so the gradients of pooled outputs
 reach the owning ranks, whose fused kernels update the shards in place.
 
+One file: it is one object, the collection, whose steps share its state (the shards, the
+permutes and splits computed once from the plan, the pending exchange of a started batch); the
+stages that stand alone already live beside it (``input_dist.py``, ``hierarchical.py``,
+``columns.py``, ``sharded_autograd.py``).
+
 Data-parallel tables are replicated in a second fbgemm module: every rank looks up the global
 batch's ids (all-gathered) and keeps its own rows; in backward the output gradients are
 all-gathered, so every replica applies the identical fused update for the whole global batch.

@@ -40,10 +40,6 @@ class Param:
     kind: str
     args: tuple
 
-    @property
-    def block(self) -> str:
-        return self.key.split(".", 1)[0].split("[", 1)[0]
-
     def suggest(self, trial) -> Any:
         """The value an Optuna trial draws for this key."""
         a = self.args

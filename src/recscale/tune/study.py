@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -21,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import yaml
 
 from recscale.progress import Progress
 from recscale.tune.config import TuneConfig
-from recscale.tune.space import Param
+from recscale.tune.space import Param, apply
 from recscale.tune.trial import TrialOutcome
 
 log = logging.getLogger(__name__)
@@ -44,13 +46,14 @@ def make_pruner(cfg: TuneConfig) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def _storage(url: str):
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    """``tune.storage_url`` (a database URL, validated by ``TuneConfig``) as Optuna's storage."""
     if url.startswith("sqlite:///"):
         path = Path(url[len("sqlite:///"):])
         path.parent.mkdir(parents=True, exist_ok=True)
         # processes sharing one file wait for its lock instead of failing at once
         return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    return optuna.storages.RDBStorage(url) if "://" in url else url
+    return optuna.storages.RDBStorage(url)
 
 
 def open_study(cfg: TuneConfig, storage: str) -> optuna.Study:
@@ -73,7 +76,7 @@ class TrialObserver:
     trial from the storage."""
 
     def __init__(self, trial: optuna.Trial, cfg: TuneConfig, storage: str):
-        self.cfg, self.storage, self.trial_id = cfg, storage, trial._trial_id
+        self.cfg, self.storage, self.number = cfg, storage, trial.number
         self._trial: optuna.Trial | None = trial
         self.points = 0
         self.pruned_at_point = 0
@@ -83,9 +86,12 @@ class TrialObserver:
 
     def trial(self) -> optuna.Trial:
         if self._trial is None:
-            study = optuna.load_study(study_name=self.cfg.study, storage=_storage(self.storage),
+            storage = _storage(self.storage)
+            study = optuna.load_study(study_name=self.cfg.study, storage=storage,
                                       pruner=make_pruner(self.cfg))
-            self._trial = optuna.trial.Trial(study, self.trial_id)
+            trial_id = storage.get_trial_id_from_study_id_trial_number(
+                storage.get_study_id_from_name(self.cfg.study), self.number)
+            self._trial = optuna.trial.Trial(study, trial_id)
         return self._trial
 
     def __call__(self, step: int, metrics: Mapping[str, float]) -> bool:
@@ -237,12 +243,6 @@ def write_env(conf_root: str | Path, name: str, params: Mapping[str, Any], value
     merged parameters, every key resolved) with ``values`` set, so ``kedro run --env=<name>``
     trains the trial's config unchanged; the source env's other files (catalog, spark.yml,
     parameters_score.yml) are copied beside it. An earlier env of that name is replaced."""
-    import shutil
-
-    import yaml
-
-    from recscale.tune.space import apply
-
     root = Path(conf_root)
     out = root / name
     if out.exists():

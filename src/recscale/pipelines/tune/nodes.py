@@ -4,7 +4,6 @@ metrics, table and plots and the best trial's config env out."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import fcntl
 import hashlib
@@ -104,24 +103,24 @@ def _log_trial(out: TrialOutcome) -> None:
 def check_study(parameters: dict):
     """The ``tune`` block and its space against the run's DLRM parameters, before any work (the
     project's hook calls it when a run holds the tune node): -> (TuneConfig, the space, the DLRM
-    blocks)."""
+    blocks, their typed config)."""
     cfg = parse(TuneConfig, parameters.get("tune") or {}, "tune")
     space = parse_space(cfg.space)
     base = {b: parameters[b] for b in DLRM_BLOCKS if b in parameters}
     check_space(space, apply(base, TRIAL_SETTINGS), _parse)
-    if not _parse(base).train.validation.enabled:
+    run_cfg = _parse(base)
+    if not run_cfg.train.validation.enabled:
         raise ConfigError("train.validation.enabled=false is not allowed for tuning: the pruner "
                           "and each trial's value read the validation split (set it true)")
-    return cfg, space, base
+    return cfg, space, base, run_cfg
 
 
 def tune_dlrm(dataset_manifest: dict, raw_manifest: dict, parameters: dict, tune_params: dict,
               run_env: str = "local"):
     """-> the study's metrics, its table (every trial), its plots and the best trial's record;
     the best trial's parameters are written to ``conf/<tune.best_env>/``."""
-    cfg, space, base = check_study({**parameters, "tune": tune_params})
+    cfg, space, base, run_cfg = check_study({**parameters, "tune": tune_params})
     trial_base = apply(base, TRIAL_SETTINGS)
-    run_cfg = _parse(base)
     oracle = (np.load(raw_manifest["oracle_path"], mmap_mode="r")
               if "oracle_path" in raw_manifest else None)
     storage = cfg.storage_url(".")
@@ -172,6 +171,5 @@ def tune_dlrm(dataset_manifest: dict, raw_manifest: dict, parameters: dict, tune
     record = {"study": cfg.study, "storage": storage, "metric": cfg.metric,
               "trial": best.number, "value": best.value, "params": values,
               "test": test, "env": str(env), "user_attrs": dict(best.user_attrs)}
-    with contextlib.suppress(Exception):
-        mlflow.log_params({f"tune.best.{_mlflow_key(k)}": v for k, v in values.items()})
+    mlflow.log_params({f"tune.best.{_mlflow_key(k)}": v for k, v in values.items()})
     return as_metrics(metrics), table, figures(study), record
