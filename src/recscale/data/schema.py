@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from recscale.config import Validated, check, check_choice, parse, to_dict
+from recscale.data.label import LabelRule
 
 TRANSFORMS = ("log1p", "clip", "standardize", "bucketize")
 SPARSE_KINDS = ("categorical", "multi_hot")
@@ -230,14 +231,14 @@ class FeatureSchema(Validated):
     tables (a feature whose table is not listed gets one of its own, rows and dim from the
     defaults)."""
 
-    label: str = "label"
+    label: str | LabelRule = "label"  # the 0/1 column, or {column, positive}: recscale.data.label
     dense: tuple[DenseFeature, ...] = ()
     sparse: tuple[SparseFeature, ...] = ()
     tables: tuple[EmbeddingTable, ...] = ()
 
     def validate(self, prefix: str = "features") -> None:
-        check(isinstance(self.label, str) and bool(self.label), f"{prefix}.label", self.label,
-              "the label's column")
+        check(isinstance(self.label, LabelRule) or (isinstance(self.label, str) and bool(self.label)),
+              f"{prefix}.label", self.label, "the label's column, or {column, positive}")
         check(len(self.sparse) >= 1, f"{prefix}.sparse", list(self.sparse),
               "at least one sparse feature")
         seen: dict[str, str] = {}
@@ -279,6 +280,16 @@ class FeatureSchema(Validated):
             if f.boundaries is not None:
                 check(f.name not in first, f"{prefix}.dense[{i}].name", f.name,
                       "a bucketized feature's table name (its own) that no sparse feature uses")
+
+    @property
+    def label_column(self) -> str:
+        """The column the label is read from."""
+        return self.label.column if isinstance(self.label, LabelRule) else self.label
+
+    @property
+    def label_rule(self) -> LabelRule | None:
+        """Which values of ``label_column`` are clicks; None: it holds 0 and 1."""
+        return self.label if isinstance(self.label, LabelRule) else None
 
     @property
     def dense_inputs(self) -> tuple[DenseFeature, ...]:
@@ -455,7 +466,9 @@ def schema_change(old: FeatureSchema, new: FeatureSchema) -> str | None:
     words naming the feature (or the label, or the table), or None when they are the same. A
     table's rows may differ (a vocabulary grows; the table sizes are checked on their own)."""
     if old.label != new.label:
-        return f"the label column is {new.label!r}, the model's is {old.label!r}"
+        what = "label column" if isinstance(old.label, str) and isinstance(new.label, str) \
+            else "label"
+        return f"the {what} is {to_dict(new.label)!r}, the model's is {to_dict(old.label)!r}"
     for key in ("dense", "sparse"):
         a, b = {f.name: f for f in getattr(old, key)}, {f.name: f for f in getattr(new, key)}
         for name in a:

@@ -382,13 +382,19 @@ class SchemaPlantedModel:
         full[present] = values
         return pa.array(full, kind, mask=~present)
 
-    def block(self, index: int, n: int) -> tuple[pa.Table, np.ndarray]:
+    def block(self, index: int, n: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """Rows ``index * BLOCK_ROWS ..``: the table, the true probabilities and the clicks (the
+        label column holds them as 0/1, or as values the schema's label rule reads so)."""
         rng = np.random.default_rng([self.cfg.seed, 9, index])
         start = index * BLOCK_ROWS
         cols, logit = self._sample(rng, (start + np.arange(n)) / self.cfg.num_rows)
         prob = _sigmoid(logit + self.bias)
         label = (rng.random(n) < prob).astype(np.int8)
-        return pa.table({self.schema.label: label, **cols}), prob
+        rule = self.schema.label_rule
+        written = label if rule is None else \
+            pa.array(np.where(label == 1, *(np.asarray([rule.example(c)], dtype=object)
+                                            for c in (True, False))).tolist())
+        return pa.table({self.schema.label_column: written, **cols}), prob, label
 
 
 def generate_table(schema: FeatureSchema, cfg: TableSynthConfig, path: str | os.PathLike,
@@ -415,12 +421,12 @@ def generate_table(schema: FeatureSchema, cfg: TableSynthConfig, path: str | os.
     try:
         for i, start in enumerate(range(0, cfg.num_rows, BLOCK_ROWS)):
             n = min(BLOCK_ROWS, cfg.num_rows - start)
-            table, prob = model.block(i, n)
+            table, prob, label = model.block(i, n)
             if writer is None:
                 writer = pq.ParquetWriter(path, table.schema, compression="zstd")
             writer.write_table(table)
             probs.append(prob)
-            labels.append(table.column(schema.label).to_numpy())
+            labels.append(label)
             done += n
             if progress:
                 progress(n)

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from recscale.data.criteo import HEX_LUT
 from recscale.data.encode import Parsed
+from recscale.data.label import non_binary_error
 from recscale.data.schema import FeatureSchema, SparseFeature
 
 _NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
@@ -210,16 +211,41 @@ def _weights(col, f: SparseFeature, lengths: np.ndarray, p: Parsed) -> np.ndarra
     return x
 
 
+def _labels(col, schema: FeatureSchema, p: Parsed) -> np.ndarray:
+    """The label column -> 0/1 clicks: read by the schema's rule, or as 0/1 numbers. A row with
+    no label, or one the rule cannot read, is rejected; a column of other numbers (ratings,
+    counts) stops preprocessing, saying which rule to write."""
+    name, rule = schema.label_column, schema.label_rule
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if rule is None or rule.numeric:
+        lab, present = _numbers(col, name, p, "bad label")
+        if rule is not None:
+            ok = present
+            click = rule.clicks_of_numbers(lab)
+        else:
+            ok = present & ((lab == 0) | (lab == 1))
+            other = present & ~ok
+            if present.sum() >= 20 and other.sum() * 2 > present.sum():  # ratings, counts: no clicks
+                raise non_binary_error(name, [float(v) for v in dict.fromkeys(lab[other])])
+            click = lab == 1
+        p.reject(~ok & ~p.bad, lambda r: f"bad label: {name}="
+                 f"{f'{lab[r]:g}' if present[r] else 'missing'}"
+                 f"{' is not 0 or 1' if rule is None else ''}")
+        return np.where(ok, click, 0).astype(np.int8)
+    text = pc.utf8_trim_whitespace(_strings(col))
+    present = np.asarray(pc.fill_null(pc.not_equal(text, ""), False).to_numpy(
+        zero_copy_only=False), dtype=bool)
+    values = np.asarray(text.fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+    p.reject(~present & ~p.bad, lambda r: f"bad label: {name}=missing")
+    return (present & rule.clicks_of_text(values)).astype(np.int8)
+
+
 def parse_block(t: pa.Table, schema: FeatureSchema, max_bag: int, label: bool = True) -> Parsed:
     """``label=False``: rows to score, without a label column (every label 0)."""
     n = t.num_rows
     p = Parsed(n, np.zeros(n, np.int8), [], [], np.zeros(n, bool))
     if label:
-        lab, lab_present = _numbers(t.column(schema.label), schema.label, p, "bad label")
-        ok = lab_present & ((lab == 0) | (lab == 1))
-        p.reject(~ok & ~p.bad, lambda r: f"bad label: {schema.label}="
-                 f"{f'{lab[r]:g}' if lab_present[r] else 'missing'} is not 0 or 1")
-        p.label = np.where(ok, lab, 0).astype(np.int8)
+        p.label = _labels(t.column(schema.label_column), schema, p)
     for f in schema.dense:
         p.dense.append(_numbers(t.column(f.source), f.name, p, "bad dense value"))
     for j, f in enumerate(schema.sparse):

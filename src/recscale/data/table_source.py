@@ -74,7 +74,8 @@ def needed_columns(schema: FeatureSchema) -> list[str]:
 
 def _needs(schema: FeatureSchema) -> list[tuple[str, str, str]]:
     """(column, the feature that reads it, what it must hold)."""
-    out = [(schema.label, "features.label", "number")]
+    out = [(schema.label_column, "features.label",
+            "number" if schema.label_rule is None else "label")]
     out += [(f.source, f"features.dense[{i}] ({f.name})", "number")
             for i, f in enumerate(schema.dense)]
     for i, f in enumerate(schema.sparse):
@@ -91,7 +92,9 @@ def _holds(t: pa.DataType, what: str, text: bool) -> bool:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         # strings: ids and delimited lists as they are; numbers (a label, a dense value, weights)
         # parsed as a text file's are, a value that is not a number rejecting its row
-        return what in ("string", "list", "number", "numbers")
+        return what in ("string", "list", "number", "numbers", "label")
+    if what == "label":  # read by a label rule: numbers, text or true/false
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
     if what == "number":
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
     if what == "integer":  # floats too: a database's integer column with nulls reads as float
@@ -112,7 +115,8 @@ def _holds(t: pa.DataType, what: str, text: bool) -> bool:
 def check_columns(files: Sequence[str], schema: FeatureSchema, delimiter: str) -> None:
     """Every file holds every column the schema reads, of a type that can hold it; else a
     ConfigError naming the column, the file and the type expected."""
-    expected = {"number": "a number (integer or float)", "integer": "integers (id_type: int)",
+    expected = {"number": "a number (integer or float)",
+                "label": "numbers, strings or booleans (read by features.label.positive)", "integer": "integers (id_type: int)",
                 "string": "strings or integers (id_type: string)",
                 "list": "a list of integers or strings, or a delimited string (multi_hot)",
                 "numbers": "a list of numbers, or a delimited string (the ids' weights)"}

@@ -105,7 +105,7 @@ def check_source(scorer: RawScorer, source: str, files: Sequence[str], delimiter
         if schema != criteo_schema(ids=schema.sparse[0].ids if schema.sparse else "hash"):
             raise ConfigError(
                 "score.data.source='criteo_tsv' reads Criteo's 40 columns, but the model was "
-                f"trained on another schema (label {schema.label!r}, {len(schema.dense)} dense, "
+                f"trained on another schema (label {schema.label_column!r}, {len(schema.dense)} dense, "
                 f"{len(schema.sparse)} sparse features): use source 'table' (parquet or "
                 "delimited text with a header)")
         for f in files:

@@ -100,7 +100,7 @@ class RawScorer:
 
     @property
     def label(self) -> str:
-        return self.fitted.schema.label
+        return self.fitted.schema.label_column
 
     def input_columns(self) -> list[str]:
         """The raw columns a row must hold (the label is optional)."""

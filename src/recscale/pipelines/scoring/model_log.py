@@ -35,7 +35,7 @@ def pip_requirements() -> list[str]:
 
 def raw_signature(fitted: FittedSchema) -> ModelSignature:
     """The raw columns the model reads (the label optional) -> row, probability, error."""
-    label = fitted.schema.label
+    label = fitted.schema.label_column
     inputs = [ColSpec(AnyType(), c) for c in needed_columns(fitted.schema) if c != label]
     inputs.append(ColSpec(AnyType(), label, required=False))
     outputs = [ColSpec("long", "row"), ColSpec("double", "probability"),
