@@ -130,6 +130,11 @@ class EmbeddingCollection(Protocol):
         """Write every cached row back to its slow tier (a no-op in memory)."""
         ...
 
+    def table_shapes(self) -> list[tuple[int, int]]:
+        """(rows, dim) of every whole table, in table order (sharded: the full tables, not this
+        rank's pieces)."""
+        ...
+
     def shards(self, replicated: bool = True) -> list[TableShard]:
         """This process's pieces of every table, with weight and optimizer-state views (one
         process: whole tables; sharded: its shards, plus the replicated tables when
@@ -187,6 +192,9 @@ class LocalCollection(nn.Module):
 
     def close(self) -> None:
         return None
+
+    def table_shapes(self) -> list[tuple[int, int]]:
+        return [tuple(w.shape) for w in self.split_weights()]
 
     def shards(self, replicated: bool = True) -> list[TableShard]:
         """Every table whole (row and column offset 0); ``replicated`` does not apply."""

@@ -178,6 +178,9 @@ class FeatureBags(nn.Module):
     def shards(self, replicated: bool = True):
         return self.inner.shards(replicated)
 
+    def table_shapes(self) -> list[tuple[int, int]]:
+        return self.inner.table_shapes()
+
     def tier_stats(self) -> dict[str, float]:
         return self.inner.tier_stats()
 

@@ -466,6 +466,9 @@ class ShardedEmbeddingCollection(nn.Module):
         return complete
 
     # ----------------------------------------------------------------------------------------
+    def table_shapes(self) -> list[tuple[int, int]]:
+        return [(int(tp.num_embeddings), int(tp.embedding_dim)) for tp in self.tables]
+
     def shards(self, replicated: bool = True) -> list[TableShard]:
         """This rank's pieces of every table with weight and optimizer-state views (what a
         checkpoint saves and restores into): its shards, and when ``replicated`` the

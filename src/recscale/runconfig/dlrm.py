@@ -206,6 +206,10 @@ class EarlyStoppingConfig(Validated):
 class TrainConfig(Validated):
     batch_size_per_rank: int = 2048  # the global batch is this x launch.world_size
     epochs: int = 1
+    # every epoch after the first starts the embedding tables (and their optimizer state) from
+    # their initial values while the dense layers go on: what a second pass over the same rows
+    # teaches the dense layers without the tables memorising them (recscale.embedding.reset)
+    reinit_embeddings: bool = False
     max_steps: int | None = None
     seed: int = 0
     embedding_optimizer: EmbeddingOptimizerConfig = field(default_factory=EmbeddingOptimizerConfig)

@@ -29,6 +29,7 @@ import torchdata.nodes as tn
 from recscale.data.batch import Batch
 from recscale.data.loader import empty_like
 from recscale.data.work import Work, normalize, remaining, rows, share, split
+from recscale.embedding.reset import reset_tables
 from recscale.progress import Progress
 from recscale.runconfig import TrainConfig
 from recscale.train.checkpoint import Checkpointer, dense_tensors
@@ -304,6 +305,12 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             steps = start.steps
         first = start.batch if epoch == start.epoch else 0
         epoch_rows = start.rows if epoch == start.epoch else 0
+        fresh = epoch != start.epoch or (first == 0 and start.work is None)
+        if cfg.reinit_embeddings and epoch > 0 and fresh:  # not in a resumed or resharded epoch
+            n_reset = reset_tables(emb, cfg.seed)
+            if rt.rank == 0:
+                log.info("epoch %d starts from the initial embedding tables (%d rows reset; "
+                         "train.reinit_embeddings)", epoch + 1, n_reset)
         if first and start.loader_state is not None:
             loader.load_state_dict(start.loader_state)
         it = iter(loader)
@@ -367,7 +374,11 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 snap = kept
             elif ckpt is not None and validator is None and ckpt.due(res.steps):
                 _save(ckpt, rt, res, pos)
-            if (val_due and validator.stops(res, rt.rank)) or (limit and res.steps >= limit):
+            # after a reset, an epoch is judged at its end: its earlier points are taken while
+            # the fresh tables relearn, and stop nothing (a pruner's answer waits too)
+            judged = not (cfg.reinit_embeddings and epoch > 0 and i + 1 < steps)
+            if (val_due and judged and validator.stops(res, rt.rank)) \
+                    or (limit and res.steps >= limit):
                 done = True
                 break
             if val_due and i + 1 < steps:  # the next batch, held back for the validation

@@ -1,0 +1,164 @@
+"""train.reinit_embeddings: every epoch after the first starts the tables (and their fused
+optimizer state) from a freshly built model's values while the dense layers go on; once per
+epoch, never again in a resumed epoch, the same in one process, on the SSD tier and on 2 ranks."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import recscale.train.loop as loop
+from recscale.config import parse
+from recscale.embedding import EmbeddingOptimizerConfig
+from recscale.embedding.reset import reset_tables
+from recscale.model.convert import ModelRecipe
+from recscale.model import ModelConfig
+from recscale.runconfig import DLRMConfig, TrainConfig, plan_for_run, recipe_for
+from recscale.sharding import Topology, plan_sharding
+from recscale.sharding.from_data import table_specs_from_manifest as table_specs
+from recscale.train import train_dlrm
+from tests.distributed.workers import layout
+
+SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
+STEPS = 38  # one epoch: 56,000 train rows / 1,500
+
+
+def _cfg(**train):
+    base = {"batch_size_per_rank": 1500, "progress": "off", "epochs": 3, "seed": 5,
+            "reinit_embeddings": True, "unknown_ids": {"fill": False},
+            "embedding_optimizer": {"name": "exact_rowwise_adagrad", "learning_rate": 0.2}}
+    base.update(train)
+    return parse(TrainConfig, base, "train")
+
+
+def _train(manifest, plan=None, **train):
+    return train_dlrm(manifest, parse(ModelConfig, SMALL, "model"), _cfg(**train), plan=plan)
+
+
+def _fresh(manifest, **train):
+    """The model a run of these settings starts from, built on its own."""
+    return recipe_for(manifest, parse(ModelConfig, SMALL, "model"), _cfg(**train)).build()
+
+
+def _tables(emb):
+    return [w.detach().clone() for w in emb.split_weights()]
+
+
+@pytest.fixture
+def resets(monkeypatch):
+    """Each reset's step, and the tables and optimizer state right after it."""
+    seen = []
+    real = loop.reset_tables
+
+    def spy(emb, seed):
+        n = real(emb, seed)
+        seen.append((_tables(emb), [[s.clone() for s in st]
+                                    for st in emb.split_optimizer_states()]))
+        return n
+
+    monkeypatch.setattr(loop, "reset_tables", spy)
+    return seen
+
+
+def test_each_later_epoch_starts_from_the_fresh_models_tables_and_empty_state(
+        parquet_dataset, resets):
+    out = _train(parquet_dataset)
+    assert out.result.steps == 3 * STEPS and len(resets) == 2  # epochs 2 and 3, not the first
+    init = _tables(_fresh(parquet_dataset).embeddings)
+    for tables, states in resets:
+        assert all(torch.equal(a, b) for a, b in zip(tables, init))
+        assert all(not s.any() for st in states for s in st)
+    # and the dense layers went on: they are not the fresh model's
+    assert not torch.equal(out.model.top[0].weight, _fresh(parquet_dataset).top[0].weight)
+    # off: the tables go on from where epoch 1 left them, to another model
+    plain = _train(parquet_dataset, reinit_embeddings=False)
+    assert not all(torch.equal(a, b) for a, b in zip(_tables(plain.model.embeddings),
+                                                    _tables(out.model.embeddings)))
+
+
+def test_a_run_resumed_in_epoch_two_resets_nothing_again_and_ends_bitwise_equal(
+        parquet_dataset, tmp_path, resets):
+    whole = _train(parquet_dataset, epochs=2)
+    ckpt = {"dir": str(tmp_path), "every_steps": 10, "keep_last": 1}
+    _train(parquet_dataset, epochs=2, checkpoint=ckpt, max_steps=STEPS + 12)  # stops in epoch 2
+    resets.clear()
+    resumed = _train(parquet_dataset, epochs=2, checkpoint={**ckpt, "resume": "latest"})
+    assert resumed.result.extra["resumed"] == 1 and resets == []
+    sa, sb = whole.model.state_dict(), resumed.model.state_dict()
+    assert [k for k in sa if not torch.equal(sa[k], sb[k])] == []
+
+
+def test_tables_on_ssd_reset_to_the_in_memory_runs_values(parquet_dataset, tmp_path):
+    tiers = {"ram_budget_bytes": 2_000_000, "scratch_dir": str(tmp_path), "min_cache_rows": 256}
+    train = {"batch_size_per_rank": 256, "epochs": 2, "seed": 5, "reinit_embeddings": True,
+             "progress": "off", "unknown_ids": {"fill": False},
+             "embedding_optimizer": {"name": "exact_rowwise_adagrad", "learning_rate": 0.2}}
+    plan = plan_for_run(parquet_dataset, parse(DLRMConfig, {
+        "sharding": {"topology": "cpu-local"}, "model": SMALL,
+        "train": {**train, "tiers": tiers}}, "")).to_dict()
+    assert any(t["shards"][0]["tier"] == "ssd" for t in plan["tables"])
+    tiered = train_dlrm(parquet_dataset, parse(ModelConfig, SMALL, "model"),
+                        parse(TrainConfig, {**train, "tiers": tiers}, "train"), plan)
+    memory = _train(parquet_dataset, epochs=2, batch_size_per_rank=256)
+    sa, sb = tiered.model.state_dict(), memory.model.state_dict()
+    assert [k for k in sa if not torch.equal(sa[k], sb[k])] == []
+
+
+def test_two_ranks_reset_their_shards_as_one_process_resets_the_tables(parquet_dataset):
+    plan = plan_sharding(table_specs(parquet_dataset, 16),
+                         Topology.preset("cpu-local", world_size=2), 750)
+    kinds = ["row_wise", "column_wise", "data_parallel", "table_wise"]  # every kind of piece
+    tables = []
+    for i, tp in enumerate(plan.tables):
+        st, shards = layout(kinds[i % len(kinds)], tp.num_embeddings, home=i % 2, dim=16)
+        tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
+    plan = dataclasses.replace(plan, tables=tuple(tables))
+    # plain SGD on both sides: two epochs of it stay within float noise of one process (the
+    # row-wise Adagrad state of a column-wise piece drifts further over 76 steps)
+    opt = {"dense_optimizer": {"name": "sgd", "learning_rate": 0.05},
+           "embedding_optimizer": {"name": "exact_sgd", "learning_rate": 0.05}}
+    two = {"batch_size_per_rank": 750, "epochs": 2, "launch": {"world_size": 2}, **opt}
+    sharded = _train(parquet_dataset, plan=plan, **two)
+    one = _train(parquet_dataset, epochs=2, **opt)
+    kept = _train(parquet_dataset, plan=plan, **two, reinit_embeddings=False)
+    sa, sb, sk = sharded.model.state_dict(), one.model.state_dict(), kept.model.state_dict()
+    w = "embeddings.tbe.weights_host"
+    torch.testing.assert_close(sa[w], sb[w], rtol=0, atol=1e-4)
+    for k in (k for k in sa if k.startswith("dense_arch.")):
+        torch.testing.assert_close(sa[k], sb[k], rtol=0, atol=2e-3, msg=k)
+    assert (sa[w] - sk[w]).abs().max() > 100 * (sa[w] - sb[w]).abs().max()
+
+
+def test_shared_tables_behind_the_features_reset_like_a_fresh_build(seed):
+    """Features sharing a table (the FeatureBags wrapper a schema of your own builds)."""
+    recipe = ModelRecipe(parse(ModelConfig, SMALL, "model"), (50, 30), 2,
+                         EmbeddingOptimizerConfig(name="exact_rowwise_adagrad"), seed=seed,
+                         feature_tables=(0, 0, 1))
+    model, fresh = recipe.build(), recipe.build()
+    assert type(model.embeddings).__name__ == "FeatureBags"
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for w in model.embeddings.split_weights():
+            w.add_(torch.randn(w.shape, generator=g))
+        for st in model.embeddings.split_optimizer_states():
+            for x in st:
+                x.add_(1.0)
+    assert reset_tables(model.embeddings, seed) == 80
+    assert all(torch.equal(a, b) for a, b in zip(model.embeddings.split_weights(),
+                                                fresh.embeddings.split_weights()))
+    assert all(not x.any() for st in model.embeddings.split_optimizer_states() for x in st)
+
+
+def test_early_stopping_judges_a_reset_epoch_at_its_end(parquet_dataset):
+    out = _train(parquet_dataset, epochs=4, validation={"enabled": True, "per_epoch": 4},
+                 early_stopping={"enabled": True, "patience": 1})
+    auc = {p["step"]: p["value"] for p in out.result.history["validation.auc"]}
+    first = min(s for s in auc if s > STEPS)
+    assert auc[first] < auc[STEPS]  # fresh tables: epoch 2's first point is worse than epoch 1's end
+    stop = out.result.extra["stopped_early_at"]
+    assert out.result.steps >= 2 * STEPS and stop % STEPS == 0  # never stopped inside an epoch
+    # without the reset the same patience stops at the first point that does not improve
+    plain = _train(parquet_dataset, epochs=4, reinit_embeddings=False,
+                   validation={"enabled": True, "per_epoch": 4},
+                   early_stopping={"enabled": True, "patience": 1})
+    assert plain.result.extra["stopped_early_at"] % STEPS != 0
