@@ -11,8 +11,8 @@ import recscale.train.loop as loop
 from recscale.config import parse
 from recscale.embedding import EmbeddingOptimizerConfig
 from recscale.embedding.reset import reset_tables
-from recscale.model.convert import ModelRecipe
 from recscale.model import ModelConfig
+from recscale.model.convert import ModelRecipe
 from recscale.runconfig import DLRMConfig, TrainConfig, plan_for_run, recipe_for
 from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
