@@ -146,9 +146,16 @@ def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_an
     raw = proj / "data/01_raw/synthetic_test/day_00.tsv"
     frame = criteo_frame([raw], ref.rows).drop(columns=["label"])
     # in process
-    out = mlflow.pyfunc.load_model(uri).predict(frame)
+    served_model = mlflow.pyfunc.load_model(uri)
+    out = served_model.predict(frame)
     assert np.array_equal(out["row"].to_numpy(), ref.rows) and out["error"].isna().all()
     assert np.abs(out["probability"].to_numpy(float) - ref.probs).max() <= 1e-6
+    # a request without a column: every row says so in one line, from the model itself; a
+    # request without rows: no rows back
+    lacking = served_model.predict(frame.iloc[:4].drop(columns=["C3"]))
+    assert lacking["probability"].isna().all() and lacking["error"].nunique() == 1
+    assert lacking["error"].iloc[0].startswith("the rows lack column(s) C3; the model reads I1, ")
+    assert len(served_model.predict(frame.iloc[0:0])) == 0
     # batch: every line of the raw day, the test split's rows among them
     kedro(proj, "run", "--pipelines=score", "--env=test", f"--params=score.model={uri}")
     scores = pq.read_table(proj / "data/07_model_output/scores_test.parquet").to_pandas()
@@ -181,6 +188,11 @@ def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_an
         assert [p["error"] for p in body["predictions"]] == [
             None, "bad id: C3='not-hex' is not hexadecimal", None]
         assert body["predictions"][1]["probability"] is None
+        status, body = invoke(base, frame.iloc[0:0])
+        assert status == 200 and body["predictions"] == [], body
+        status, body = invoke(base, frame.iloc[:2].drop(columns=["C3"]))
+        assert status == 200 and [p["error"][:31] for p in body["predictions"]] == [
+            "the rows lack column(s) C3; the"] * 2, body
         many = criteo_frame([raw], range(2501)).drop(columns=["label"])
         status, body = invoke(base, many)
         assert status == 400 and "score.serving.max_request_rows=2500" in body["message"], body

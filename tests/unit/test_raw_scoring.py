@@ -133,6 +133,28 @@ def test_rejected_rows_come_back_with_their_reason_and_the_others_are_scored(dat
         scorer.score_table(pq.read_table(raw).slice(0, 6).drop_columns(["user"]))
 
 
+def test_an_empty_request_and_a_label_column_of_nan_are_answered_plainly(dataset, seed):
+    raw, man, resolved = dataset
+    _, state = _model_state(resolved, seed)
+    scorer = RawScorer.load(resolved, state, man["vocabulary_path"])
+    frame = pq.read_table(raw).slice(0, 8).to_pandas()
+    # no rows, no scores (a frame without rows has columns of no type: nothing to parse)
+    empty = scorer.score_table(frame_to_table(frame.iloc[0:0]))
+    assert len(empty.probs) == 0 and empty.errors == {} and empty.labels is None
+    with pytest.raises(ConfigError, match="lack column.*user"):
+        scorer.score_table(frame_to_table(frame.iloc[0:0].drop(columns=["user"])))
+    # a label column of NaN (a frame's way of saying "no label") scores as no label column
+    unlabelled = scorer.score_table(frame_to_table(frame.drop(columns=["click"])))
+    frame["click"] = np.nan
+    got = scorer.score_table(frame_to_table(frame))
+    assert got.errors == {} and got.labels is None
+    assert np.array_equal(got.probs, unlabelled.probs)
+    # one missing label among labels is that row's reject, as in preprocessing
+    frame["click"] = [0, 1, np.nan, 1, 0, 0, 1, 0]
+    got = scorer.score_table(frame_to_table(frame))
+    assert got.errors == {2: "bad label: click=missing is not 0 or 1"}
+
+
 def test_batch_scoring_a_table_writes_every_row_in_order_with_the_evaluation_scores(
         dataset, seed, tmp_path):
     raw, man, resolved = dataset

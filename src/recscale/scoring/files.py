@@ -152,7 +152,7 @@ def _blocks(scorer: RawScorer, u: Unit, source: str, delimiter: str, chunk_bytes
     columns = scorer.input_columns() + ([scorer.label] if labels else [])
     pos = 0
     for block in unit_blocks(u, columns, delimiter, chunk_bytes):
-        p = scorer.parse(block)
+        p = scorer.parse(block, labels)  # a labelled file's rows all read their label
         rows = u.row_base + pos + np.arange(block.num_rows, dtype=np.int64)
         scored, lab, probs = scorer.score_parsed(p, rows)
         bad = {int(rows[r]): why for r, why in p.reasons.items()}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from recscale.config import ConfigError
@@ -106,15 +107,26 @@ class RawScorer:
         """The raw columns a row must hold (the label is optional)."""
         return [c for c in needed_columns(self.fitted.schema) if c != self.label]
 
-    def parse(self, t: pa.Table) -> Parsed:
-        """Raw rows -> parsed values and rejects, as preprocessing parses a table's rows."""
+    def has_labels(self, t: pa.Table) -> bool:
+        """Whether rows bring labels: a label column holding at least one value (a column of
+        nulls or NaN, as a frame without labels often carries, is no label)."""
+        if self.label not in t.column_names:
+            return False
+        col = t.column(self.label)
+        if pa.types.is_floating(col.type):
+            col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
+        return col.null_count < len(col)
+
+    def parse(self, t: pa.Table, labels: bool | None = None) -> Parsed:
+        """Raw rows -> parsed values and rejects, as preprocessing parses a table's rows;
+        ``labels``: whether to read the label column (None: where ``has_labels`` says so)."""
         missing = [c for c in self.input_columns() if c not in t.column_names]
         if missing:
             raise ConfigError(f"the rows lack column(s) {', '.join(missing)}; the model reads "
                               f"{', '.join(self.input_columns())} (and {self.label!r} when "
                               "labels are given)")
         return parse_block(t, self.fitted.schema, self.max_bag_size,
-                           label=self.label in t.column_names)
+                           label=self.has_labels(t) if labels is None else labels)
 
     @torch.no_grad()
     def score_parsed(self, p: Parsed, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray,
@@ -130,12 +142,17 @@ class RawScorer:
         return cols.row, cols.label.astype(np.int8), out
 
     def score_table(self, t: pa.Table) -> RawScores:
-        """A block of raw rows -> a probability (or a reason) per row, in order."""
+        """A block of raw rows (a request) -> a probability (or a reason) per row, in order;
+        no rows, no scores (the columns are still checked)."""
+        if t.num_rows == 0:
+            if any(c not in t.column_names for c in self.input_columns()):
+                self.parse(t)  # names them
+            return RawScores(np.zeros(0), {}, None)
         p = self.parse(t)
         rows, labels, probs = self.score_parsed(p, np.arange(t.num_rows, dtype=np.int64))
         out = np.full(t.num_rows, np.nan)
         out[rows] = probs
-        has_labels = self.label in t.column_names
+        has_labels = self.has_labels(t)
         lab = np.zeros(t.num_rows, np.int8)
         lab[rows] = labels
         return RawScores(out, dict(p.reasons), lab if has_labels else None)

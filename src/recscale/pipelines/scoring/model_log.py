@@ -34,10 +34,11 @@ def pip_requirements() -> list[str]:
 
 
 def raw_signature(fitted: FittedSchema) -> ModelSignature:
-    """The raw columns the model reads (the label optional) -> row, probability, error."""
-    label = fitted.schema.label_column
-    inputs = [ColSpec(AnyType(), c) for c in needed_columns(fitted.schema) if c != label]
-    inputs.append(ColSpec(AnyType(), label, required=False))
+    """The raw columns the model reads (all optional to MLflow, the label also to the model)
+    -> row, probability, error."""
+    # every column optional to MLflow: the model checks its columns itself and names what is
+    # missing in one line (MLflow's own check answers with the whole frame printed)
+    inputs = [ColSpec(AnyType(), c, required=False) for c in needed_columns(fitted.schema)]
     outputs = [ColSpec("long", "row"), ColSpec("double", "probability"),
                ColSpec("string", "error", required=False)]
     return ModelSignature(Schema(inputs), Schema(outputs))

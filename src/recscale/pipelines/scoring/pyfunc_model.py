@@ -47,11 +47,15 @@ class DLRMPyfunc(PythonModel):
                 f"the request holds {len(model_input)} rows, more than "
                 f"score.serving.max_request_rows={self.max_rows} (the model's limit): send at "
                 "most that many rows a request", INVALID_PARAMETER_VALUE)
+        n, index = len(model_input), model_input.index
         try:
             got = self.scorer.score_table(frame_to_table(model_input))
-        except ConfigError as exc:
-            raise MlflowException(str(exc), INVALID_PARAMETER_VALUE) from None
-        n, index = len(model_input), model_input.index
+        except ConfigError as exc:  # the request as a whole (a column missing): every row says
+            # why in one line, here and over HTTP (where MLflow would print the whole frame)
+            return pd.DataFrame({"row": index, "probability": pd.Series([None] * n, index=index,
+                                                                        dtype=object),
+                                 "error": pd.Series([str(exc)] * n, index=index, dtype=object)},
+                                index=index)
         # None, not NaN, where a row was rejected: the served JSON stays JSON (null)
         probs = [None if i in got.errors else float(p) for i, p in enumerate(got.probs)]
         return pd.DataFrame({"row": index,
