@@ -50,8 +50,8 @@ def resets(monkeypatch):
     seen = []
     real = loop.reset_tables
 
-    def spy(emb, seed):
-        n = real(emb, seed)
+    def spy(emb, seed, epoch=None):
+        n = real(emb, seed, epoch)
         seen.append((_tables(emb), [[s.clone() for s in st]
                                     for st in emb.split_optimizer_states()]))
         return n

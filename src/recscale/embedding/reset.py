@@ -12,16 +12,20 @@ sharded run reset to the same tables.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from recscale.embedding.tbe import InitSlice
 
+log = logging.getLogger(__name__)
 
-def reset_tables(embeddings, seed: int) -> int:
+
+def reset_tables(embeddings, seed: int, epoch: int | None = None) -> int:
     """Every table piece ``embeddings`` holds (``shards()``: whole tables in one process, this
     rank's shards and the replicated tables when sharded; any tier) to the initial values of a
     collection built with ``seed``, and its optimizer state to zero; durable (``flush()``).
-    -> the rows reset."""
+    ``epoch``: the epoch it starts, logged. -> the rows reset."""
     shapes = embeddings.table_shapes()
     rows = 0
     with torch.no_grad():
@@ -36,4 +40,7 @@ def reset_tables(embeddings, seed: int) -> int:
                 s.zero_()
             rows += n
     embeddings.flush()
+    if epoch is not None:
+        log.info("epoch %d starts from the initial embedding tables (%d rows reset: "
+                 "train.reinit_embeddings)", epoch, rows)
     return rows

@@ -1,11 +1,10 @@
 """THE training loop: one rank's epochs, for one process (world size 1) and for every rank of the
 sharded runtime alike.
 
-What varies is plugged in: the ``Runtime`` (model, dense optimizer, the step, and how to sum a
-tensor over ranks; see ``runtime.py``), the data (``EpochData``: a fresh loader per epoch and the
-steps every rank takes per epoch), and the overlap policy (``overlap.py``). The loop owns what
-both used to repeat: resuming from a checkpoint, read-ahead of the next batch, fault injection,
-the NaN guard, log points, checkpoint saving, and the counters the row accounting checks.
+Plugged in: the ``Runtime`` (model, dense optimizer, step, sums over ranks: ``runtime.py``), the
+data (``EpochData``: a loader per epoch, the steps every rank takes) and the overlap policy
+(``overlap.py``). The loop owns resuming, read-ahead, fault injection, the NaN guard, log points,
+checkpoints, validation points, table resets between epochs and the row accounting's counters.
 
 Ranks stay in lockstep: every rank runs the same number of steps per epoch (the largest share
 decides), a rank whose rows ran out contributes an empty batch, so no row is dropped and no rank
@@ -112,8 +111,7 @@ class RankResult:
     checkpoint_seconds: float = 0.0
     tier_stats: dict[str, float] = field(default_factory=dict)
     dense_optimizer: dict[str, float] = field(default_factory=dict)  # HF: its step counters
-    # train.validation / early_stopping: the best point's step and value, the step early stopping
-    # ended training at (0: none), whether the model is the best step's, points and seconds
+    # validation and early stopping: best point, the step it stopped at (0: none), points, time
     best_step: int = 0
     best_value: float = float("nan")
     stopped_early_at: int = 0
@@ -237,8 +235,7 @@ class _LogPoints:
         self.seconds = 0.0
 
     def add(self, loss_sum: float, rows: int, seconds: float) -> None:
-        self.acc[0] += loss_sum
-        self.acc[1] += rows
+        self.acc += torch.tensor([loss_sum, rows], dtype=torch.float64)
         self.seconds += seconds
 
     def point(self) -> None:
@@ -305,12 +302,9 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             steps = start.steps
         first = start.batch if epoch == start.epoch else 0
         epoch_rows = start.rows if epoch == start.epoch else 0
-        fresh = epoch != start.epoch or (first == 0 and start.work is None)
-        if cfg.reinit_embeddings and epoch > 0 and fresh:  # not in a resumed or resharded epoch
-            n_reset = reset_tables(emb, cfg.seed)
-            if rt.rank == 0:
-                log.info("epoch %d starts from the initial embedding tables (%d rows reset; "
-                         "train.reinit_embeddings)", epoch + 1, n_reset)
+        if cfg.reinit_embeddings and epoch > 0 and (epoch != start.epoch or (
+                first == 0 and start.work is None)):  # not in a resumed or resharded epoch
+            reset_tables(emb, cfg.seed, epoch=epoch + 1 if rt.rank == 0 else None)
         if first and start.loader_state is not None:
             loader.load_state_dict(start.loader_state)
         it = iter(loader)
@@ -374,11 +368,9 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 snap = kept
             elif ckpt is not None and validator is None and ckpt.due(res.steps):
                 _save(ckpt, rt, res, pos)
-            # after a reset, an epoch is judged at its end: its earlier points are taken while
-            # the fresh tables relearn, and stop nothing (a pruner's answer waits too)
+            # a reset epoch's points before its end (fresh tables relearning) stop nothing
             judged = not (cfg.reinit_embeddings and epoch > 0 and i + 1 < steps)
-            if (val_due and judged and validator.stops(res, rt.rank)) \
-                    or (limit and res.steps >= limit):
+            if (val_due and judged and validator.stops(res, rt.rank)) or (limit and res.steps >= limit):
                 done = True
                 break
             if val_due and i + 1 < steps:  # the next batch, held back for the validation
@@ -386,11 +378,9 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 nxt = maybe_poison(cfg, rt.rank, res.steps + 1, nxt)
                 nxt_started = policy.begin(emb, nxt)
             batch, started, batch_state = nxt, nxt_started, nxt_state
-        # the epoch's loader ends here, on this thread: left to the garbage collector, its
-        # reader threads' objects could be freed on one of those threads, which cannot join
-        # itself (torchdata then prints "Exception ignored ... cannot join current thread").
-        # Only a loader with threads: a full collection takes 70-90 ms with torch loaded, a
-        # fifth of a 15-step benchmark run on batches held in memory
+        # the epoch's loader ends here, on this thread (freed on one of its reader threads it
+        # cannot join itself: torchdata's "cannot join current thread"); only a threaded one
+        # (a collection takes 70-90 ms with torch loaded, a fifth of a 15-step benchmark)
         threaded = isinstance(loader, tn.Loader)
         del fetch, it, state_of, loader
         if threaded:
