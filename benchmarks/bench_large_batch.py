@@ -27,6 +27,7 @@ import numpy as np
 from recscale.config import parse
 from recscale.data.preprocess import PreprocessConfig, load_manifest, preprocess_criteo
 from recscale.data.synthetic import SyntheticConfig, generate_criteo_tsv
+from recscale.evaluate import oracle_auc
 from recscale.runconfig import DLRMConfig, plan_for_run
 from recscale.scoring import evaluate_dlrm
 from recscale.train import train_dlrm
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
     oracle = np.load(rep.oracle_path, mmap_mode="r")
     train_rows = man["splits"]["train"]["rows"]
     print(f"data: {args.rows} synthetic rows ({train_rows} train), oracle AUC "
-          f"{rep.oracle_auc:.4f}; model {MODEL}; one pass; {args.threads} threads", flush=True)
+          f"{oracle_auc(rep):.4f}; model {MODEL}; one pass; {args.threads} threads", flush=True)
     if not second_order_available():
         print("soap: skipped (pytorch-optimizer is not installed: pip install "
               "'recscale[second_order]')", flush=True)

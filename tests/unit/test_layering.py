@@ -16,7 +16,7 @@ LIBRARY = ("comm", "data", "distributed", "embedding", "evaluate", "hf", "measur
 # the house's direction (docs/architecture.md): what each library package may import
 ALLOWED = {
     "comm": set(),
-    "data": {"evaluate"},  # the synthetic generator's oracle AUC (evaluate is a leaf)
+    "data": set(),  # the generators write the true probabilities; their AUC is evaluate's
     "distributed": set(),
     "embedding": {"comm", "data", "sharding"},
     "evaluate": set(),

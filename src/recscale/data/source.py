@@ -65,7 +65,7 @@ def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None,
                 schema: FeatureSchema | None = None) -> dict:
     """The raw files of a run -> its raw manifest: generated synthetic data (a Criteo TSV, or with
     ``synthetic.multi_hot`` a multi-hot parquet, or with a ``schema`` of the user's a parquet of
-    its columns (``generator``), with its oracle probabilities and AUC), or the user's files
+    its columns (``generator``), with its oracle probabilities and labels), or the user's files
     (``files``, globs expanded in sorted order: Criteo TSV, multi-hot parquet, or a table's
     parquet or text); a pattern that matches nothing fails naming it."""
     if cfg.source == "synthetic" and schema is not None:
@@ -73,7 +73,7 @@ def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None,
                              progress)
         return {"source": "synthetic", "table": True, "files": [rep.path], "delimiter": ",",
                 "rows": rep.num_rows, "oracle_path": rep.oracle_path,
-                "oracle_auc": rep.oracle_auc, "ctr": rep.ctr, "fingerprint": rep.fingerprint}
+                "labels_path": rep.labels_path, "ctr": rep.ctr, "fingerprint": rep.fingerprint}
     if cfg.source == "synthetic":
         if cfg.synthetic.multi_hot:
             from recscale.data.multihot import generate_multihot_parquet
@@ -84,7 +84,7 @@ def prepare_raw(cfg: DataConfig, progress: Callable[[int], None] | None = None,
             rep = generate_criteo_tsv(cfg.synthetic, Path(cfg.raw_dir) / "day_00.tsv", progress)
         return {
             "source": "synthetic", "files": [rep.path], "multi_hot": cfg.synthetic.multi_hot, "rows": rep.num_rows,
-            "oracle_path": rep.oracle_path, "oracle_auc": rep.oracle_auc, "ctr": rep.ctr,
+            "oracle_path": rep.oracle_path, "labels_path": rep.labels_path, "ctr": rep.ctr,
             "cardinalities": list(rep.cardinalities), "fingerprint": rep.fingerprint,
         }
     files = expand_files(cfg.files, "data.files")

@@ -27,7 +27,6 @@ import numpy as np
 
 from recscale.config import ConfigError, Validated, check, to_dict
 from recscale.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoBlock, encode_tsv
-from recscale.evaluate.metrics import auc_score
 
 log = logging.getLogger(__name__)
 
@@ -240,9 +239,9 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class SyntheticReport:
     path: str
-    oracle_path: str
+    oracle_path: str  # the rows' true click probabilities (float32 .npy)
+    labels_path: str  # the clicks drawn from them (int8 .npy): the oracle's AUC is in evaluate
     num_rows: int
-    oracle_auc: float
     ctr: float
     cardinalities: tuple[int, ...]
     fingerprint: str
@@ -271,10 +270,12 @@ def generate_criteo_tsv(
     path = Path(path)
     meta_path = path.with_name(path.name + ".meta.json")
     oracle_path = path.with_name(path.name + ".oracle.npy")
+    labels_path = path.with_name(path.name + ".labels.npy")
     fp = cfg.fingerprint() + (f"-day{day}" if day else "")
-    if reuse and meta_path.exists() and path.exists() and oracle_path.exists():
+    if reuse and meta_path.exists() and path.exists() and oracle_path.exists() \
+            and labels_path.exists():
         meta = json.loads(meta_path.read_text())
-        if meta.get("fingerprint") == fp:
+        if meta.get("fingerprint") == fp and meta.get("labels_path") == str(labels_path):
             log.info("synthetic data %s already generated from this config; reusing it", path)
             if progress:
                 progress(cfg.num_rows)
@@ -299,17 +300,15 @@ def generate_criteo_tsv(
             if progress:
                 progress(start + n)
     oracle.flush()
-    oracle_auc = auc_score(labels, np.asarray(oracle))
     ctr = float(labels.mean())
     del oracle
+    np.save(labels_path, labels)
     os.replace(tmp, path)
     os.replace(oracle_path.with_name(oracle_path.name + ".tmp.npy"), oracle_path)
     report = SyntheticReport(
-        path=str(path), oracle_path=str(oracle_path), num_rows=cfg.num_rows,
-        oracle_auc=float(oracle_auc), ctr=ctr, cardinalities=model.cards.tolist(),
-        fingerprint=fp,
+        path=str(path), oracle_path=str(oracle_path), labels_path=str(labels_path),
+        num_rows=cfg.num_rows, ctr=ctr, cardinalities=model.cards.tolist(), fingerprint=fp,
     )
     meta_path.write_text(json.dumps(report.to_dict(), indent=2))
-    log.info("wrote %d synthetic rows to %s (CTR %.4f, oracle AUC %.4f)",
-             cfg.num_rows, path, ctr, oracle_auc)
+    log.info("wrote %d synthetic rows to %s (CTR %.4f)", cfg.num_rows, path, ctr)
     return report

@@ -52,7 +52,6 @@ import pyarrow.parquet as pq
 
 from recscale.config import Validated, check, to_dict
 from recscale.data.schema import FeatureSchema
-from recscale.evaluate.metrics import auc_score
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +112,9 @@ class TableSynthConfig(Validated):
 @dataclass(frozen=True)
 class TableSynthReport:
     path: str
-    oracle_path: str
+    oracle_path: str  # the rows' true click probabilities (.npy)
+    labels_path: str  # the clicks drawn from them (int8 .npy)
     num_rows: int
-    oracle_auc: float
     ctr: float
     fingerprint: str
 
@@ -407,10 +406,11 @@ def generate_table(schema: FeatureSchema, cfg: TableSynthConfig, path: str | os.
         {"cfg": to_dict(cfg), "schema": to_dict(schema), "v": 2}, sort_keys=True,
         default=str).encode()).hexdigest()[:16]
     meta = path.with_suffix(".json")
-    oracle_path = str(path) + ".oracle.npy"
-    if meta.exists() and path.exists() and Path(oracle_path).exists():
+    oracle_path, labels_path = str(path) + ".oracle.npy", str(path) + ".labels.npy"
+    if meta.exists() and path.exists() and Path(oracle_path).exists() \
+            and Path(labels_path).exists():
         known = json.loads(meta.read_text())
-        if known.get("fingerprint") == fingerprint:
+        if known.get("fingerprint") == fingerprint and known.get("labels_path") == labels_path:
             log.info("reusing %s (same config and schema)", path)
             return TableSynthReport(**known)
     model = SchemaPlantedModel(schema, cfg)
@@ -435,9 +435,9 @@ def generate_table(schema: FeatureSchema, cfg: TableSynthConfig, path: str | os.
             writer.close()
     p, y = np.concatenate(probs), np.concatenate(labels)
     np.save(oracle_path, p)
-    rep = TableSynthReport(str(path), oracle_path, done, float(auc_score(y, p)),
-                           float(y.mean()), fingerprint)
+    np.save(labels_path, y.astype(np.int8))
+    rep = TableSynthReport(str(path), oracle_path, labels_path, done, float(y.mean()), fingerprint)
     meta.write_text(json.dumps(to_dict(rep)))
-    log.info("generated %d rows for the schema (%d dense, %d sparse): CTR %.3f, oracle AUC %.4f",
-             done, len(schema.dense), len(schema.sparse), rep.ctr, rep.oracle_auc)
+    log.info("generated %d rows for the schema (%d dense, %d sparse): CTR %.3f",
+             done, len(schema.dense), len(schema.sparse), rep.ctr)
     return rep

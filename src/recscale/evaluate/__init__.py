@@ -19,8 +19,9 @@ from recscale.evaluate.metrics import (
     binary_metrics,
     log_loss,
     metrics_with_oracle,
+    oracle_auc,
 )
 
 __all__ = ["BASELINES", "BaselineConfig", "FeatureLayout", "auc_score", "binary_entropy",
            "binary_metrics", "fit_baselines", "lift_metrics", "log_loss", "metrics_with_oracle",
-           "score_baselines"]
+           "oracle_auc", "score_baselines"]

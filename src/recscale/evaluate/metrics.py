@@ -32,6 +32,14 @@ def auc_score(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((pos_rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def oracle_auc(report) -> float:
+    """The AUC of a generated file's true probabilities on its drawn labels (a generator's
+    report, or a raw manifest: anything with ``labels_path`` and ``oracle_path``, as attributes
+    or keys): the ceiling no model of those rows can expect to pass."""
+    get = report.get if isinstance(report, dict) else lambda k: getattr(report, k)
+    return auc_score(np.load(get("labels_path")), np.load(get("oracle_path"), mmap_mode="r"))
+
+
 def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
     y = np.asarray(labels, dtype=np.float64).ravel()
     p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), _EPS, 1 - _EPS)

@@ -12,6 +12,7 @@ from recscale.data.preprocess import preprocess_criteo, preprocess_table
 from recscale.data.source import prepare_raw
 from recscale.data.table_source import write_rows
 from recscale.data.vocab import vocabulary_table
+from recscale.evaluate.metrics import oracle_auc
 from recscale.pipelines.common import as_metrics
 from recscale.progress import Progress
 from recscale.runconfig import DLRMConfig
@@ -59,7 +60,7 @@ def preprocess(raw_manifest: dict, cfg: DLRMConfig):
     metrics = {"lines_read": report.lines_read, "rows_written": report.rows_written,
                "rows_rejected": report.rows_rejected,
                **{f"rows_{k}": v for k, v in report.split_rows.items()}}
-    if "oracle_auc" in raw_manifest:
-        metrics["oracle_auc_all_rows"] = raw_manifest["oracle_auc"]
+    if "labels_path" in raw_manifest:  # generated rows: the true probabilities' AUC on them
+        metrics["oracle_auc_all_rows"] = oracle_auc(raw_manifest)
     vocabulary = vocabulary_table(manifest.get("vocabulary_path")).to_pandas()
     return manifest, as_metrics(metrics), vocabulary, manifest["schema"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from recscale.config import parse, to_dict
 from recscale.data.synthetic import generate_criteo_tsv
+from recscale.evaluate.metrics import oracle_auc
 from recscale.pipelines.common import DLRM_BLOCKS, as_metrics
 from recscale.pipelines.sharding.nodes import plan_metrics
 from recscale.retrain import (
@@ -204,5 +205,5 @@ def write_synthetic_day(cfg: DLRMRetrainConfig) -> dict:
     day = max(days, default=0) + 1
     rep = generate_criteo_tsv(cfg.data.synthetic, Path(rc.landing_dir) / f"day_{day:02d}.tsv",
                               day=day)
-    log.info("new partition %s: %d rows, oracle AUC %.4f", rep.path, rep.num_rows, rep.oracle_auc)
+    log.info("new partition %s: %d rows, oracle AUC %.4f", rep.path, rep.num_rows, oracle_auc(rep))
     return rep.to_dict()
