@@ -16,6 +16,7 @@ recscale, so they are not measured and the run says why (``recscale.model.precis
 
     python benchmarks/bench_train.py                  # every config, fp32 and bf16
     python benchmarks/bench_train.py --configs kaggle-small --reps 7 --steps 20
+    python benchmarks/bench_train.py --configs kaggle-small --ids uniform   # as TorchRec's runs
     python benchmarks/bench_train.py --configs mlperf-dcnv2 --quality-rows 0 --dcn-quality-rows 300000
     python benchmarks/bench_train.py --configs mlperf-dcnv2 --quality-rows 0 --threads 1 --clock cpu
 """
@@ -104,16 +105,21 @@ class PlainDLRM(nn.Module):
         return self.top(torch.cat([x, z], dim=1)).squeeze(1)
 
 
-def make_batches(cfg, n, seed=0):
+def make_batches(cfg, n, seed=0, ids="zipf"):
+    """``n`` batches of ``cfg``'s shape; ids Zipf(1.2) (a few hot rows, a long tail) or uniform
+    over each table (every lookup a likely cache miss: what TorchRec's and the reference DLRM's
+    random-data benchmarks draw)."""
     rng = np.random.default_rng(seed)
+    ids_kind = ids
     out = []
     for _ in range(n):
         b = cfg["batch"]
         ids = []
         pool = cfg["pooling"]  # ids per bag: one number, or one per table (fixed-size bags)
         pool = pool if isinstance(pool, list) else [pool] * len(cfg["tables"])
-        for rows, p in zip(cfg["tables"], pool):  # Zipf-like ids: a few hot rows, a long tail
-            ids.append(np.minimum(rng.zipf(1.2, size=b * p) - 1, rows - 1))
+        for rows, p in zip(cfg["tables"], pool):
+            ids.append(np.minimum(rng.zipf(1.2, size=b * p) - 1, rows - 1) if ids_kind == "zipf"
+                       else rng.integers(0, rows, size=b * p))
         lengths = np.repeat(np.asarray(pool, dtype=np.int64)[:, None], b, axis=1)
         sp = SparseFeatures(tuple(f"t{i}" for i in range(len(ids))),
                             torch.from_numpy(np.concatenate(ids).astype(np.int64)),
@@ -338,6 +344,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5, help="repetitions (the median is reported)")
     ap.add_argument("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--ids", default="zipf", choices=["zipf", "uniform"],
+                    help="the batches' ids: Zipf(1.2) or uniform over each table (as other "
+                         "trainers' random-data benchmarks draw them)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--quality-rows", type=int, default=2_000_000,
                     help="rows of default synthetic data for the fp32-vs-bf16 AUC check (0: skip)")
@@ -360,12 +369,13 @@ def main(argv=None):
               "emulation, not recscale.")
     rate32 = matmul_rate(torch.float32)
     rate16 = matmul_rate(torch.bfloat16) if "bf16" in PRECISIONS else float("nan")
+    print(f"ids: {args.ids}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; 2048x512x512 matmul: "
           f"fp32 {rate32 / 1e9:.0f} GFLOP/s, bf16 {rate16 / 1e9:.0f} GFLOP/s")
     results = []
     for name in args.configs:
         cfg = CONFIGS[name]
-        batches = make_batches(cfg, 8)
+        batches = make_batches(cfg, 8, ids=args.ids)
         flops = mlp_flops_per_sample(cfg)
         if cfg.get("interaction") == "dcn":
             results.append(interleaved(name, cfg, batches, flops, args, rate32, rate16))
