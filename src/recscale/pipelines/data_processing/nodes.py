@@ -62,5 +62,7 @@ def preprocess(raw_manifest: dict, cfg: DLRMConfig):
                **{f"rows_{k}": v for k, v in report.split_rows.items()}}
     if "labels_path" in raw_manifest:  # generated rows: the true probabilities' AUC on them
         metrics["oracle_auc_all_rows"] = oracle_auc(raw_manifest)
+        log.info("generated rows: oracle AUC %.4f over all %d (the true probabilities on their "
+                 "labels)", metrics["oracle_auc_all_rows"], report.lines_read)
     vocabulary = vocabulary_table(manifest.get("vocabulary_path")).to_pandas()
     return manifest, as_metrics(metrics), vocabulary, manifest["schema"]
