@@ -231,25 +231,24 @@ class _LogPoints:
 
     def __init__(self, rt: Runtime, res: RankResult):
         self.rt, self.res = rt, res
-        self.acc = torch.zeros(2, dtype=torch.float64)  # loss sum, rows since the last point
-        self.seconds = 0.0
+        self.loss, self.rows, self.seconds = 0.0, 0, 0.0  # since the last point (float64 sums)
 
     def add(self, loss_sum: float, rows: int, seconds: float) -> None:
-        self.acc += torch.tensor([loss_sum, rows], dtype=torch.float64)
-        self.seconds += seconds
+        self.loss, self.rows, self.seconds = (self.loss + loss_sum, self.rows + rows,
+                                              self.seconds + seconds)
 
     def point(self) -> None:
         if not self.seconds:
             return
-        self.rt.all_reduce_(self.acc)
-        loss, rows = float(self.acc[0]), int(self.acc[1])
+        acc = torch.tensor([self.loss, self.rows], dtype=torch.float64)
+        self.rt.all_reduce_(acc)
+        loss, rows = float(acc[0]), int(acc[1])
         res = self.res
         res.final_loss = loss / max(rows, 1)
         res.history.setdefault("loss", []).append({"step": res.steps, "value": res.final_loss})
         res.history.setdefault("samples_per_s", []).append(
             {"step": res.steps, "value": rows / max(self.seconds, 1e-12)})
-        self.acc.zero_()
-        self.seconds = 0.0
+        self.loss, self.rows, self.seconds = 0.0, 0, 0.0
 
 
 def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
