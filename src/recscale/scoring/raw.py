@@ -117,14 +117,18 @@ class RawScorer:
             col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
         return col.null_count < len(col)
 
-    def parse(self, t: pa.Table, labels: bool | None = None) -> Parsed:
-        """Raw rows -> parsed values and rejects, as preprocessing parses a table's rows;
-        ``labels``: whether to read the label column (None: where ``has_labels`` says so)."""
+    def check_columns(self, t: pa.Table) -> None:
+        """Every column the model reads is there; else a ConfigError naming what is missing."""
         missing = [c for c in self.input_columns() if c not in t.column_names]
         if missing:
             raise ConfigError(f"the rows lack column(s) {', '.join(missing)}; the model reads "
                               f"{', '.join(self.input_columns())} (and {self.label!r} when "
                               "labels are given)")
+
+    def parse(self, t: pa.Table, labels: bool | None = None) -> Parsed:
+        """Raw rows -> parsed values and rejects, as preprocessing parses a table's rows;
+        ``labels``: whether to read the label column (None: where ``has_labels`` says so)."""
+        self.check_columns(t)
         return parse_block(t, self.fitted.schema, self.max_bag_size,
                            label=self.has_labels(t) if labels is None else labels)
 
@@ -145,14 +149,13 @@ class RawScorer:
         """A block of raw rows (a request) -> a probability (or a reason) per row, in order;
         no rows, no scores (the columns are still checked)."""
         if t.num_rows == 0:
-            if any(c not in t.column_names for c in self.input_columns()):
-                self.parse(t)  # names them
+            self.check_columns(t)
             return RawScores(np.zeros(0), {}, None)
-        p = self.parse(t)
+        has_labels = self.has_labels(t)
+        p = self.parse(t, has_labels)
         rows, labels, probs = self.score_parsed(p, np.arange(t.num_rows, dtype=np.int64))
         out = np.full(t.num_rows, np.nan)
         out[rows] = probs
-        has_labels = self.has_labels(t)
         lab = np.zeros(t.num_rows, np.int8)
         lab[rows] = labels
         return RawScores(out, dict(p.reasons), lab if has_labels else None)
