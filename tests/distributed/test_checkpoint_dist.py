@@ -1,7 +1,6 @@
 """Sharded checkpoints on 2 gloo ranks: exact resume, elastic recovery from a killed worker, and
 resharding W=2 -> W=1 and W=1 -> W=2 (another plan) by the manifest's offsets."""
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from recscale.sharding import Topology, plan_sharding
 from recscale.sharding.from_data import table_specs_from_manifest as table_specs
 from recscale.train import train_dlrm
 from recscale.train.checkpoint import list_checkpoints, read_manifest
-from tests.distributed.workers import layout
+from tests.distributed.workers import mixed_plan
 
 pytestmark = pytest.mark.dist
 
@@ -25,16 +24,11 @@ STEPS = 10
 
 
 def _plan(manifest, world, mixed=False):
-    plan = plan_sharding(table_specs(manifest, 16), Topology.preset("cpu-local", world_size=world), 1000)
-    if not mixed:
-        return plan
-    kinds = ["row_wise", "column_wise", "data_parallel", "table_wise", "table_row_wise",
-             "table_column_wise"]
-    tables = []
-    for i, tp in enumerate(plan.tables):
-        st, shards = layout(kinds[i % len(kinds)], tp.num_embeddings, home=i % 2, dim=16)
-        tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
-    return dataclasses.replace(plan, tables=tuple(tables))
+    if mixed:  # 2 ranks, every kind of piece
+        return mixed_plan(manifest, ["row_wise", "column_wise", "data_parallel", "table_wise",
+                                     "table_row_wise", "table_column_wise"], 1000)
+    return plan_sharding(table_specs(manifest, 16), Topology.preset("cpu-local", world_size=world),
+                         1000)
 
 
 def _train(manifest, world, ckpt_dir, plan=None, **train):

@@ -105,6 +105,20 @@ def layout(kind: str, rows: int, home: int, dim: int = DIM) -> tuple[str, tuple[
     raise ValueError(kind)
 
 
+def mixed_plan(manifest: dict, kinds: list[str], batch: int, dim: int = 16) -> ShardingPlan:
+    """A 2-rank plan of ``manifest``'s tables, table i laid out by hand as ``kinds[i % len(kinds)]``
+    (``layout``) so every kind of piece is in one run."""
+    from recscale.sharding.from_data import table_specs_from_manifest
+
+    plan = plan_sharding(table_specs_from_manifest(manifest, dim),
+                         Topology.preset("cpu-local", world_size=2), batch)
+    tables = []
+    for i, tp in enumerate(plan.tables):
+        st, shards = layout(kinds[i % len(kinds)], tp.num_embeddings, home=i % 2, dim=dim)
+        tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
+    return dataclasses.replace(plan, tables=tuple(tables))
+
+
 def make_plan(kinds: list[str], dim: int | list[int] = DIM, feature_tables=None) -> ShardingPlan:
     """``dim``: one for every table, or one per table; ``feature_tables``: each feature's table
     (features named f0, f1, ...; default one per table)."""

@@ -2,7 +2,6 @@
 optimizer state) from a freshly built model's values while the dense layers go on; once per
 epoch, never again in a resumed epoch, the same in one process, on the SSD tier and on 2 ranks."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -14,10 +13,8 @@ from recscale.embedding.reset import reset_tables
 from recscale.model import ModelConfig
 from recscale.model.convert import ModelRecipe
 from recscale.runconfig import DLRMConfig, TrainConfig, plan_for_run, recipe_for
-from recscale.sharding import Topology, plan_sharding
-from recscale.sharding.from_data import table_specs_from_manifest as table_specs
 from recscale.train import train_dlrm
-from tests.distributed.workers import layout
+from tests.distributed.workers import mixed_plan
 
 SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
 STEPS = 38  # one epoch: 56,000 train rows / 1,500
@@ -109,14 +106,8 @@ def test_two_ranks_reset_every_kind_of_piece_to_the_fresh_builds_values(parquet_
     its fresh value exactly, on every kind of piece; without it, the rows epoch 1 touched keep
     theirs. (Ranks read contiguous halves of the split, so a 2-rank run's batches are not one
     process's: the run is compared with the fresh build and with itself.)"""
-    plan = plan_sharding(table_specs(parquet_dataset, 16),
-                         Topology.preset("cpu-local", world_size=2), 750)
     kinds = ["row_wise", "column_wise", "data_parallel", "table_wise"]  # every kind of piece
-    tables = []
-    for i, tp in enumerate(plan.tables):
-        st, shards = layout(kinds[i % len(kinds)], tp.num_embeddings, home=i % 2, dim=16)
-        tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
-    plan = dataclasses.replace(plan, tables=tuple(tables))
+    plan = mixed_plan(parquet_dataset, kinds, 750)
     two = {"batch_size_per_rank": 750, "epochs": 2, "max_steps": STEPS + 1,
            "launch": {"world_size": 2}}
     reset = _train(parquet_dataset, plan=plan, **two).model.embeddings.split_weights()

@@ -3,7 +3,6 @@ on the split (one process and 2 ranks), early stopping stops and hands back the 
 bitwise (from its checkpoint, or from memory without checkpoints), and a resumed run goes on with
 the same early-stopping state."""
 
-import dataclasses
 
 import pytest
 import torch
@@ -13,10 +12,8 @@ from recscale.evaluate.metrics import auc_score, log_loss
 from recscale.model import ModelConfig
 from recscale.runconfig import TrainConfig
 from recscale.scoring import score_split
-from recscale.sharding import Topology, plan_sharding
-from recscale.sharding.from_data import table_specs_from_manifest as table_specs
 from recscale.train import train_dlrm
-from tests.distributed.workers import layout
+from tests.distributed.workers import mixed_plan
 
 SMALL = {"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1]}
 # a rate high enough that the small train split is overfitted within a few epochs
@@ -63,14 +60,8 @@ def test_validation_points_score_the_split_as_evaluation_does(parquet_dataset):
 
 
 def test_two_ranks_validate_with_the_same_numbers_as_scoring_the_gathered_model(parquet_dataset):
-    plan = plan_sharding(table_specs(parquet_dataset, 16), Topology.preset("cpu-local", world_size=2),
-                         750)
-    kinds = ["row_wise", "column_wise", "data_parallel", "table_wise"]  # every kind of piece
-    tables = []
-    for i, tp in enumerate(plan.tables):
-        st, shards = layout(kinds[i % len(kinds)], tp.num_embeddings, home=i % 2, dim=16)
-        tables.append(dataclasses.replace(tp, sharding_type=st, shards=shards))
-    plan = dataclasses.replace(plan, tables=tuple(tables))
+    plan = mixed_plan(parquet_dataset, ["row_wise", "column_wise", "data_parallel", "table_wise"],
+                      750)  # every kind of piece
     out = train_dlrm(parquet_dataset, parse(ModelConfig, SMALL, "model"),
                      _cfg(batch_size_per_rank=750, max_steps=6, launch={"world_size": 2},
                           validation={"enabled": True, "batch_size": 1000},
