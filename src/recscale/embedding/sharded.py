@@ -1,5 +1,11 @@
 """Sharded embedding collection: one rank's part of a ShardingPlan, executed on torch.distributed.
 
+One file (over 500 lines): it is one object, the collection, whose steps share its state (the
+shards, the permutes and splits computed once from the plan, the pending exchange of a started
+batch) and run as one collective sequence every rank takes in the same order; the stages that
+stand alone already live beside it (``input_dist.py``, ``hierarchical.py``, ``columns.py``,
+``sharded_autograd.py``).
+
 Every shard a rank owns lives in one fbgemm table-batched embedding (optimizer fused into backward).
 A forward pass, for a local batch of B samples (B may differ between ranks, even be 0):
 
@@ -23,19 +29,11 @@ ones, on the same global batch order. (On one host the two stages would be the f
 The backward of each collective is the transposed collective, so the gradients of pooled outputs
 reach the owning ranks, whose fused kernels update the shards in place.
 
-One file: it is one object, the collection, whose steps share its state (the shards, the
-permutes and splits computed once from the plan, the pending exchange of a started batch); the
-stages that stand alone already live beside it (``input_dist.py``, ``hierarchical.py``,
-``columns.py``, ``sharded_autograd.py``).
-
 Data-parallel tables are replicated in a second fbgemm module: every rank looks up the global
 batch's ids (all-gathered) and keeps its own rows; in backward the output gradients are
 all-gathered, so every replica applies the identical fused update for the whole global batch.
 That keeps the replicas bitwise equal and the update exactly the single-process one, also for the
 row-wise Adagrad state, which an all-reduce of per-replica updates would not reproduce.
-
-One file: the forward, the backward exchange and the column-wise update are one collective
-sequence every rank runs in the same order; split, that order would live in several places.
 """
 
 from __future__ import annotations

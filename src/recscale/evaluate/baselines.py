@@ -1,5 +1,7 @@
 """Cheap baselines a model has to beat, fitted on the train split the model trains on and scored
-on the rows the model is scored on.
+on the rows the model is scored on. One file (over 500 lines): both baselines share the feature
+layout, the batch sources, the validation choice and the lift, and each is a few dozen lines of
+its own.
 
 - ``logreg``: a logistic regression on the dense features (as preprocessed), one weight per row
   of every embedding table (so features that share a table share weights, and a bag adds its
@@ -22,8 +24,6 @@ with ``keys``, ``values``, ``lengths`` [T, B] and optional ``weights``), so memo
 plus the state per table row, whatever the split's size. There is no randomness: the same data
 in the same order gives bitwise the same numbers.
 
-One file: both baselines share the feature layout, the batch sources, the validation choice
-and the lift, and each is a few dozen lines of its own.
 """
 
 from __future__ import annotations
