@@ -390,9 +390,11 @@ class SchemaPlantedModel:
         prob = _sigmoid(logit + self.bias)
         label = (rng.random(n) < prob).astype(np.int8)
         rule = self.schema.label_rule
-        written = label if rule is None else \
-            pa.array(np.where(label == 1, *(np.asarray([rule.example(c)], dtype=object)
-                                            for c in (True, False))).tolist())
+        if rule is None:
+            written = label
+        else:  # the non-click value at 0, the click value at 1, picked by each row's click
+            written = pa.array(np.array([rule.example(False), rule.example(True)],
+                                        dtype=object)[label].tolist())
         return pa.table({self.schema.label_column: written, **cols}), prob, label
 
 
