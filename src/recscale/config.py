@@ -69,6 +69,16 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
+        closest = False
+        if isinstance(value, Mapping):  # a mapping: only the forms it can be, closest first
+            forms = [a for a in args if dataclasses.is_dataclass(a)]
+            if forms:
+                def unknown(a) -> int:
+                    return len(set(value) - {f.name for f in dataclasses.fields(a)})
+
+                args, closest = tuple(sorted(forms, key=unknown)), True
+        elif isinstance(value, (list, tuple)):  # a list is none of the mapping forms
+            args = tuple(a for a in args if not dataclasses.is_dataclass(a)) or args
         for arg in args:
             if arg is type(None):
                 continue
@@ -76,7 +86,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 return _coerce(arg, value, key)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}={value!r}: " + "; ".join(errors))
+        raise ConfigError(errors[0] if len(errors) == 1 or closest
+                          else f"{key}={value!r}: " + "; ".join(errors))
     if origin is Literal:
         check_choice(key, value, get_args(tp))
         return value

@@ -64,7 +64,7 @@ def output_schema(fitted: FittedSchema) -> pa.Schema:
     """The processed parquet's columns: ``row``, ``label``, the dense inputs (float32), the
     sparse inputs (int64, or list<int64> when any feature is multi-hot), in the schema's order
     (what the loader reads)."""
-    bags = any(f.kind == "multi_hot" for f in fitted.schema.sparse_inputs)
+    bags = any(f.is_bag for f in fitted.schema.sparse_inputs)
     fields = [pa.field("row", pa.int64(), nullable=False),
               pa.field("label", pa.int8(), nullable=False)]
     fields += [pa.field(n, pa.float32(), nullable=False) for n in fitted.dense_names]
@@ -102,7 +102,7 @@ def encode(p: Parsed, fitted: FittedSchema, vocab: Vocabulary | None,
             ids.append(RowIds(present, f.bucket(x, fitted.stats.get(f.name))))
     keep = ~p.bad
     everything = bool(keep.all())
-    bags = any(f.kind == "multi_hot" for f in schema.sparse_inputs)
+    bags = any(f.is_bag for f in schema.sparse_inputs)
     cols = [pa.array(rows if everything else rows[keep], pa.int64()),
             pa.array(p.label if everything else p.label[keep], pa.int8())]
     for f, (x, present) in zip(schema.dense, p.dense):

@@ -41,12 +41,12 @@ from recscale.data.processed import (  # noqa: F401  (SPLITS, PreprocessConfig, 
     merge_rejects,
     prepare_output,
     resolve_vocabulary,
-    split_bounds,
     write_split_rows,
 )
 from recscale.data.schema import FeatureSchema, criteo_sparse_names
 from recscale.data.spark_preprocess import preprocess_criteo_spark
 from recscale.data.spark_table import preprocess_table_spark
+from recscale.data.splits import Splitter, TimeSplit, check_criteo_splits
 from recscale.data.table_preprocess import preprocess_table_pyarrow
 from recscale.data.table_source import check_columns, source_files
 from recscale.data.vocab import IdCounter, Vocabulary
@@ -102,13 +102,14 @@ def _run_jobs(jobs, cfg, line_counts, total, results, progress) -> None:
             results.append(_preprocess_file(*job, progress=progress))
 
 
-def _count_train_ids(files: Sequence[str | os.PathLike], offsets: np.ndarray, train_end: int,
-                     chunk_bytes: int) -> IdCounter:
-    """Per-feature id counts over the rows before ``train_end`` (rejected lines count nothing)."""
+def _count_train_ids(files: Sequence[str | os.PathLike], offsets: np.ndarray,
+                     train_ends: Sequence[int], chunk_bytes: int) -> IdCounter:
+    """Per-feature id counts over each file's rows before its ``train_ends`` (rejected lines
+    count nothing)."""
     counter = IdCounter(len(criteo_sparse_names()))
-    for f, offset in zip(files, offsets):
+    for f, offset, train_end in zip(files, offsets, train_ends):
         if offset >= train_end:
-            break
+            continue
         quiet = RejectLog(path=None, max_fraction=1.0)  # the main pass records the rejects
         for block in read_criteo_tsv(f, quiet, chunk_bytes):
             keep = block.line - 1 + offset < train_end
@@ -135,19 +136,21 @@ def preprocess_criteo(
     """
     if cfg.engine == "spark":
         return preprocess_criteo_spark(files, out_dir, cfg, table_size_hint, progress, spark=spark)
+    check_criteo_splits(cfg.splits)
     out = prepare_output(out_dir)
     line_counts = [count_lines(f) for f in files]
     total = int(sum(line_counts))
-    bounds = split_bounds(total, cfg.splits)
+    splitter = Splitter(cfg.splits, total)
+    bounds = [splitter.row_bounds(str(f)) for f in files]
     offsets = np.concatenate([[0], np.cumsum(line_counts)[:-1]]).astype(np.int64)
     vocab, vocab_path = None, None
     if cfg.ids == "vocab":
-        counter = _count_train_ids(files, offsets, int(bounds[0]), cfg.chunk_bytes)
+        counter = _count_train_ids(files, offsets, [int(b[0]) for b in bounds], cfg.chunk_bytes)
         vocab, vocab_path = resolve_vocabulary(counter, cfg, out)
         table_sizes = np.asarray(vocab.table_sizes, dtype=np.int64)
     else:
         table_sizes = np.asarray(cfg.resolve_table_sizes(table_size_hint), dtype=np.int64)
-    jobs = [(i, str(f), int(o), bounds, total, table_sizes, vocab, cfg, out)
+    jobs = [(i, str(f), int(o), bounds[i], total, table_sizes, vocab, cfg, out)
             for i, (f, o) in enumerate(zip(files, offsets))]
     results: list[FileResult] = []
     rejects_path = out / "rejects.tsv"
@@ -156,7 +159,8 @@ def preprocess_criteo(
     except RejectedRowsError as exc:
         merge_rejects(out, rejects_path)
         raise RejectedRowsError(f"{exc} All rejected lines so far: {rejects_path}") from None
-    return finish_preprocess(out, files, cfg, total, results, table_sizes, vocab_path)
+    return finish_preprocess(out, files, cfg, total, results, table_sizes, vocab_path,
+                             splitter=splitter)
 
 
 def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathLike,
@@ -170,7 +174,8 @@ def preprocess_table(files: Sequence[str | os.PathLike], out_dir: str | os.PathL
     the SparkSession, else one from the defaults). Every file's columns are checked before any
     work. ``progress(rows_done, rows_total)``."""
     files = source_files(files)
-    check_columns(files, schema, delimiter)
+    check_columns(files, schema, delimiter,
+                  cfg.splits.by if isinstance(cfg.splits, TimeSplit) else None)
     if cfg.engine == "spark":
         return preprocess_table_spark(files, out_dir, cfg, schema, delimiter, progress, spark)
     return preprocess_table_pyarrow(files, out_dir, cfg, schema, delimiter, progress)

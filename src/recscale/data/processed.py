@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,14 @@ from recscale.data.criteo import (
 )
 from recscale.data.encode import Parsed, RowIds, encode, output_schema
 from recscale.data.schema import FittedSchema, criteo_schema, criteo_sparse_names
+from recscale.data.splits import (  # noqa: F401  (split_bounds: re-exported)
+    SPLITS,
+    FileSplit,
+    Splitter,
+    TimeSplit,
+    check_fractions,
+    split_bounds,
+)
 from recscale.data.unknown_ids import (
     ROW_COUNTS_NAME,
     count_train_rows,
@@ -43,7 +52,6 @@ from recscale.data.vocab import (
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "validation", "test")
 MANIFEST_NAME = "_manifest.json"
 MANIFEST_FORMAT = "recscale-criteo-parquet/1"
 
@@ -63,8 +71,9 @@ class PreprocessConfig(Validated):
     # 4x makes it ~11%. A schema's hashed table without rows gets this x the distinct ids of
     # the train split; the Criteo preset's, this x the known cardinality
     hash_size_multiplier: float = 4.0
-    # fractions of the rows, in row order, for train / validation / test
-    splits: tuple[float, float, float] = (0.8, 0.1, 0.1)
+    # train / validation / test: fractions of the rows in row order, {by: <time column>, ...}
+    # or {train: [file globs], ...} (recscale.data.splits)
+    splits: tuple[float, float, float] | TimeSplit | FileSplit = (0.8, 0.1, 0.1)
     row_group_size: int = 65536
     chunk_bytes: int = 1 << 25
     max_reject_fraction: float = 0.01
@@ -86,8 +95,8 @@ class PreprocessConfig(Validated):
         check(self.max_table_size >= 1, f"{prefix}.max_table_size", self.max_table_size, ">= 1")
         check(self.hash_size_multiplier >= 1, f"{prefix}.hash_size_multiplier",
               self.hash_size_multiplier, ">= 1")
-        check(all(f >= 0 for f in self.splits) and abs(sum(self.splits) - 1.0) < 1e-6,
-              f"{prefix}.splits", self.splits, "three non-negative fractions that sum to 1")
+        if isinstance(self.splits, tuple):
+            check_fractions(self.splits, f"{prefix}.splits")
         check(self.row_group_size >= 1, f"{prefix}.row_group_size", self.row_group_size, ">= 1")
         check(self.chunk_bytes >= 1024, f"{prefix}.chunk_bytes", self.chunk_bytes, ">= 1024")
         check(0 <= self.max_reject_fraction <= 1, f"{prefix}.max_reject_fraction",
@@ -255,13 +264,6 @@ def prepare_output(out_dir: str | os.PathLike) -> Path:
     return out
 
 
-def split_bounds(total: int, splits: Sequence[float]) -> np.ndarray:
-    """First row past each split (train, validation, test), in row order."""
-    bounds = np.floor(np.cumsum(splits) * total + 1e-9).astype(np.int64)
-    bounds[-1] = total
-    return bounds
-
-
 def resolve_vocabulary(counter: IdCounter, cfg: PreprocessConfig, out: Path) -> tuple[Vocabulary, str]:
     """Counts of the training rows -> the vocabulary (grown from ``cfg.vocab.path`` if given),
     saved as ``out/vocabulary.parquet``."""
@@ -277,11 +279,13 @@ def resolve_vocabulary(counter: IdCounter, cfg: PreprocessConfig, out: Path) -> 
 def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: PreprocessConfig,
                       total: int, results: list[FileResult], table_sizes: np.ndarray,
                       vocab_path: str | None = None, fitted: FittedSchema | None = None,
-                      file_schema: pa.Schema | None = None) -> PreprocessReport:
+                      file_schema: pa.Schema | None = None,
+                      splitter: Splitter | None = None) -> PreprocessReport:
     """The parts every engine wrote -> rejects.tsv, the threshold check, the row accounting and
     the manifest. ``results``: one per part, in any order (``index`` orders them by row);
     ``fitted``: the fitted schema (default: the Criteo preset's) and ``file_schema`` the parts'
-    columns (default: Criteo's)."""
+    columns (default: Criteo's); ``splitter``: the split rule as resolved, recorded beside the
+    config when it is a time or file split."""
     fitted = fitted or criteo_fitted(np.asarray(table_sizes).tolist(), cfg.ids)
     file_schema = file_schema if file_schema is not None else parquet_schema()
     table_sizes = np.asarray(table_sizes, dtype=np.int64)
@@ -342,9 +346,12 @@ def finish_preprocess(out: Path, files: Sequence[str | os.PathLike], cfg: Prepro
         # the fitted schema every later stage reads (recscale.data.schema.FittedSchema)
         "schema": fitted.to_dict(),
     }
+    if splitter is not None and not isinstance(cfg.splits, tuple):
+        manifest["split_rule"] = splitter.record()
     if written + n_rejected != total:
         raise RuntimeError(f"row accounting failed: {written} written + {n_rejected} rejected "
                            f"!= {total} lines read")
+    shutil.rmtree(out / "_history", ignore_errors=True)  # recscale.data.history's scratch
     manifest_path = out / MANIFEST_NAME
     manifest_path.write_text(json.dumps(manifest, indent=2))
     log.info("preprocessed %d lines: %d rows written (%s), %d rejected -> %s",

@@ -23,10 +23,18 @@ of the train split's ids, ``min_count`` / ``max_size``, row 0 for every other id
 rejected row). A multi-hot feature's list (a list column, or in text a string split at
 ``delimiter``) may hold at most ``max_len`` ids; a longer one is rejected (``truncate: reject``)
 or cut to its first or last ``max_len`` (``keep_first`` / ``keep_last``).
+
+A history feature (``kind: history``, ``key``, ``item``, ``time``, ``max_len``: default 10) is a
+bag preprocessing builds: for each row, the ``item`` values of the previous rows of the same
+``key`` strictly before the row's ``time``, the latest ``max_len`` of them
+(``recscale.data.history``). It looks its ids up in the table of the feature that reads
+``item`` (its id type and policy with it); a served model takes it as a list column of its own
+name, as a multi-hot feature.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +46,8 @@ from recscale.config import Validated, check, check_choice, parse, to_dict
 from recscale.data.label import LabelRule
 
 TRANSFORMS = ("log1p", "clip", "standardize", "bucketize")
-SPARSE_KINDS = ("categorical", "multi_hot")
+SPARSE_KINDS = ("categorical", "multi_hot", "history")
+HISTORY_MAX_LEN = 10  # a history feature's default max_len
 ID_TYPES = ("int", "hex", "string")  # hex: Criteo's 8-hex-digit ids
 ID_POLICIES = ("hash", "vocab", "index")
 TRUNCATE = ("reject", "keep_first", "keep_last")
@@ -152,7 +161,7 @@ class SparseFeature(Validated):
 
     name: str
     column: str = ""
-    kind: Literal["categorical", "multi_hot"] = "categorical"
+    kind: Literal["categorical", "multi_hot", "history"] = "categorical"
     id_type: Literal["int", "hex", "string"] = "int"
     table: str = ""
     ids: Literal["hash", "vocab", "index"] = "hash"
@@ -166,6 +175,15 @@ class SparseFeature(Validated):
     # multi_hot: the column of each id's weight (a list as long as the ids', or in text a
     # string split at ``delimiter``); the bag is the weighted sum (or its mean). null: weight 1
     weights: str | None = None
+    # kind: history: the columns of the rows' key (e.g. the user), item and time
+    key: str | None = None
+    item: str | None = None
+    time: str | None = None
+
+    @property
+    def is_bag(self) -> bool:
+        """A bag of ids per row (multi-hot, or a history)."""
+        return self.kind != "categorical"
 
     @property
     def source(self) -> str:
@@ -188,7 +206,7 @@ class SparseFeature(Validated):
               "null or >= 1")
         check(self.max_len is None or self.max_len >= 1, f"{prefix}.max_len", self.max_len,
               "null or >= 1")
-        check(self.kind == "multi_hot" or (self.max_len is None and self.truncate == "reject"),
+        check(self.is_bag or (self.max_len is None and self.truncate == "reject"),
               f"{prefix}.max_len", self.max_len, "unset for a categorical feature (one id a row)")
         check(isinstance(self.delimiter, str) and len(self.delimiter) >= 1,
               f"{prefix}.delimiter", self.delimiter, "a non-empty string")
@@ -196,6 +214,13 @@ class SparseFeature(Validated):
               "'int' with ids: index (the ids are the table's rows)")
         check(self.min_id is None or self.id_type == "int", f"{prefix}.min_id", self.min_id,
               "null unless id_type is 'int'")
+        for key in ("key", "item", "time"):
+            value = getattr(self, key)
+            if self.kind == "history":
+                check(isinstance(value, str) and bool(value), f"{prefix}.{key}", value,
+                      f"the column of the rows' {key} (kind: history)")
+            else:
+                check(value is None, f"{prefix}.{key}", value, "unset unless kind is history")
         check(self.weights is None or (self.kind == "multi_hot" and isinstance(self.weights, str)
                                        and bool(self.weights)), f"{prefix}.weights",
               self.weights, "null, or for a multi_hot feature the column of its ids' weights")
@@ -235,6 +260,29 @@ class FeatureSchema(Validated):
     dense: tuple[DenseFeature, ...] = ()
     sparse: tuple[SparseFeature, ...] = ()
     tables: tuple[EmbeddingTable, ...] = ()
+
+    def __post_init__(self) -> None:
+        # a history looks up the table of the feature that reads its item column, with that
+        # feature's id type and policy, keeping the most recent ids
+        by_column = {f.source: f for f in self.sparse if f.kind != "history"}
+        resolved = []
+        for f in self.sparse:
+            item = by_column.get(f.item) if f.kind == "history" else None
+            if item is not None:
+                f = dataclasses.replace(
+                    f, table=f.table or item.table_name, id_type=item.id_type, ids=item.ids,
+                    min_count=item.min_count, max_size=item.max_size, min_id=item.min_id,
+                    max_len=f.max_len or HISTORY_MAX_LEN, truncate="keep_last")
+            elif f.kind == "history" and f.max_len is None:
+                f = dataclasses.replace(f, max_len=HISTORY_MAX_LEN, truncate="keep_last")
+            resolved.append(f)
+        object.__setattr__(self, "sparse", tuple(resolved))
+        super().__post_init__()
+
+    @property
+    def histories(self) -> tuple[SparseFeature, ...]:
+        """The history features preprocessing builds (``recscale.data.history``)."""
+        return tuple(f for f in self.sparse if f.kind == "history")
 
     def validate(self, prefix: str = "features") -> None:
         check(isinstance(self.label, LabelRule) or (isinstance(self.label, str) and bool(self.label)),

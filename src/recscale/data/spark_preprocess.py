@@ -53,10 +53,10 @@ from recscale.data.processed import (
     finish_preprocess,
     prepare_output,
     resolve_vocabulary,
-    split_bounds,
     write_split_rows,
 )
 from recscale.data.schema import criteo_sparse_names
+from recscale.data.splits import Splitter, check_criteo_splits
 from recscale.data.vocab import IdCounter, Vocabulary, load_vocabulary
 
 log = logging.getLogger(__name__)
@@ -144,8 +144,8 @@ def _number_blocks(blocks: list[dict], n_files: int) -> list[int]:
 
 def _map_blocks(spark, blocks: list[dict], fn, schema: str):
     """A DataFrame of ``fn(block)``'s Arrow batches, one Spark task per block."""
-    task_blocks = [{k: b[k] for k in ("blk", "path", "start", "end", "first_line", "row_base")
-                    if k in b} for b in blocks]
+    keys = ("blk", "file", "path", "start", "end", "first_line", "row_base")
+    task_blocks = [{k: b[k] for k in keys if k in b} for b in blocks]
 
     def run(batches):
         for batch in batches:
@@ -173,7 +173,7 @@ def _count_lines(spark, blocks: list[dict], chunk_bytes: int) -> None:
         b["n"] = got[b["blk"]]
 
 
-def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConfig,
+def _count_ids(spark, F, blocks: list[dict], train_ends: list[int], cfg: PreprocessConfig,
                existing: Vocabulary | None) -> IdCounter:
     """Per-feature id counts over the training rows (tasks count, Spark's shuffle sums); ids
     under min_count (and not already in the vocabulary) are dropped in Spark, the rest collected."""
@@ -189,13 +189,13 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
         for buf in block_chunks(b["path"], b["start"], b["end"], chunk_bytes):
             parsed = _parse_block(buf, line, b["path"], quiet)
             line += buf.count(b"\n")
-            keep = parsed.line - 1 + offset < train_end
+            keep = parsed.line - 1 + offset < train_ends[b["file"]]
             counter.add(parsed.sparse[keep], parsed.sparse_present[keep])
         f = np.concatenate([np.full(len(a), j, np.int32) for j, a in enumerate(counter.ids)])
         yield pa.RecordBatch.from_pydict({"f": f, "id": np.concatenate(counter.ids),
                                           "n": np.concatenate(counter.counts)})
 
-    train = [b for b in blocks if b["row_base"] < train_end]
+    train = [b for b in blocks if b["row_base"] < train_ends[b["file"]]]
     if not train:
         return IdCounter(len(criteo_sparse_names()))
     counts = (_map_blocks(spark, train, count, "f int, id long, n long")
@@ -220,7 +220,8 @@ def _count_ids(spark, F, blocks: list[dict], train_end: int, cfg: PreprocessConf
     return counter
 
 
-def _block_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_sizes: np.ndarray,
+def _block_writer(out: str, sources: dict[int, str], bounds: list[np.ndarray],
+                  table_sizes: np.ndarray,
                   vocab_bc, cfg: PreprocessConfig):
     """A block -> its parquet parts and rejects part, with the pyarrow engine's parser, transform
     and writer; one result row."""
@@ -243,7 +244,8 @@ def _block_writer(out: str, sources: dict[int, str], bounds: np.ndarray, table_s
                 line += buf.count(b"\n")
                 if not len(parsed):
                     continue
-                write_split_rows(parsed, offset, table_sizes, vocab, bounds, writers, present)
+                write_split_rows(parsed, offset, table_sizes, vocab, bounds[b["file"]], writers,
+                                 present)
                 written += len(parsed)
         finally:
             rejects.close()
@@ -276,6 +278,7 @@ def preprocess_criteo_spark(
 ) -> PreprocessReport:
     """``preprocess_criteo`` on Spark (module docstring). ``spark``: the SparkSession to use
     (the project hook's); default: the active one, else a local one from ``SparkConfig()``."""
+    check_criteo_splits(cfg.splits)
     F = _spark_functions()
     if spark is None:
         from pyspark.sql import SparkSession
@@ -296,7 +299,8 @@ def preprocess_criteo_spark(
         _count_lines(spark, blocks, cfg.chunk_bytes)
     line_counts = _number_blocks(blocks, len(files))
     total = int(sum(line_counts))
-    bounds = split_bounds(total, cfg.splits)
+    splitter = Splitter(cfg.splits, total)
+    bounds = [splitter.row_bounds(f) for f in files]  # per file: a file split's is its split
     log.info("spark: %d lines in %d files, %d blocks (%.1f s)", total, len(files), len(blocks),
              time.perf_counter() - t0)
     if progress:
@@ -304,7 +308,7 @@ def preprocess_criteo_spark(
     vocab, vocab_path, vocab_bc = None, None, None
     if cfg.ids == "vocab":
         existing = load_vocabulary(cfg.vocab.path, criteo_sparse_names()) if cfg.vocab.path else None
-        counter = _count_ids(spark, F, blocks, int(bounds[0]), cfg, existing)
+        counter = _count_ids(spark, F, blocks, [int(b[0]) for b in bounds], cfg, existing)
         vocab, vocab_path = resolve_vocabulary(counter, cfg, out)
         table_sizes = np.asarray(vocab.table_sizes, dtype=np.int64)
         vocab_bc = spark.sparkContext.broadcast(vocab)
@@ -329,4 +333,5 @@ def preprocess_criteo_spark(
     if progress:
         progress(total, total)
     log.info("spark: parts written (%.1f s)", time.perf_counter() - t0)
-    return finish_preprocess(out, files, cfg, total, results, table_sizes, vocab_path)
+    return finish_preprocess(out, files, cfg, total, results, table_sizes, vocab_path,
+                             splitter=splitter)

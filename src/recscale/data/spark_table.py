@@ -6,7 +6,8 @@ Spark schedules the units and the pyarrow engine's own functions do the work, so
 differ. What runs where:
 
 1. Driver: the input's units (``plan_units``: each parquet row group, each text file) with their
-   global row numbers, and the split bounds.
+   global row numbers, and the split rule (``make_splitter``; a split by fractions of the rows in
+   time first counts the time column, one task per unit).
 2. Fitting (``ids: vocab`` features, ``standardize``): one Spark task per unit of the train split
    (``fit_unit``): its id counts and its standardize sums, block by block. The driver merges them
    in row order (``fit_schema``), so the vocabularies and the statistics are the pyarrow engine's
@@ -36,14 +37,15 @@ from recscale.data.processed import (
     PreprocessReport,
     finish_preprocess,
     prepare_output,
-    split_bounds,
 )
 from recscale.data.schema import FeatureSchema
 from recscale.data.table_preprocess import (
     Unit,
     _needs_fit,
+    build_unit_histories,
     fit_schema,
     fit_unit,
+    make_splitter,
     plan_units,
     write_unit_part,
 )
@@ -65,10 +67,10 @@ def _session(spark):
 
 
 def _write_task(out: str, fitted, vocab_bc, cfg: PreprocessConfig, delimiter: str,
-                bounds: np.ndarray, units: Sequence[Unit]):
+                splitter, units: Sequence[Unit]):
     def run(i: int) -> FileResult:
         vocab = vocab_bc.value if vocab_bc is not None else None
-        return write_unit_part(units[i], out, fitted, vocab, cfg, delimiter, bounds)
+        return write_unit_part(units[i], out, fitted, vocab, cfg, delimiter, splitter)
 
     return run
 
@@ -85,26 +87,29 @@ def preprocess_table_spark(files: Sequence[str], out_dir: str | os.PathLike,
     out = prepare_output(out_dir)
     units = [Unit(u.index, os.path.abspath(u.path), u.row_group, u.rows, u.row_base, u.first_row)
              for u in plan_units(list(files), delimiter)]
+    units = build_unit_histories(units, schema, delimiter, cfg.chunk_bytes, out.resolve())
     total = int(sum(u.rows for u in units))
-    bounds = split_bounds(total, cfg.splits)
+
+    def tasks(fn, args):  # one Spark task per unit, results in order
+        return sc.parallelize(args, max(1, len(args))).map(lambda a: fn(*a)).collect()
+
+    splitter = make_splitter(cfg, units, delimiter, tasks)
     log.info("spark: %d rows in %d files, %d units (%.1f s)", total, len(files), len(units),
              time.perf_counter() - t0)
     if progress:
         progress(0, total)
     fits = []
     if _needs_fit(schema):
-        train = [u for u in units if u.row_base < bounds[0]]
-        end = int(bounds[0])
-        fits = sc.parallelize(train, max(1, len(train))).map(
-            lambda u: fit_unit(u, schema, cfg, delimiter, end)).collect()
+        train = [u for u in units if splitter.may_train(u.path, u.row_base)]
+        fits = tasks(fit_unit, [(u, schema, cfg, delimiter, splitter) for u in train])
     fitted, vocab, vocab_path = fit_schema(schema, cfg, out, fits)
     vocab_bc = sc.broadcast(vocab) if vocab is not None else None
     results = sc.parallelize(range(len(units)), max(1, len(units))).map(
-        _write_task(str(out.resolve()), fitted, vocab_bc, cfg, delimiter, bounds, units)
+        _write_task(str(out.resolve()), fitted, vocab_bc, cfg, delimiter, splitter, units)
     ).collect() if units else []
     if progress:
         progress(total, total)
     log.info("spark: %d units written (%.1f s)", len(units), time.perf_counter() - t0)
     return finish_preprocess(out, files, cfg, total, results,
                              np.asarray(fitted.table_rows, np.int64), vocab_path, fitted=fitted,
-                             file_schema=output_schema(fitted))
+                             file_schema=output_schema(fitted), splitter=splitter)

@@ -20,6 +20,7 @@ fitted schema goes into the manifest (``recscale.data.schema.FittedSchema``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ import pyarrow.parquet as pq
 from recscale.config import ConfigError
 from recscale.data.criteo import RejectedRowsError, RejectLog
 from recscale.data.encode import Parsed, RowIds, encode, output_schema, split_keys
+from recscale.data.history import Histories, build_histories, with_histories
 from recscale.data.processed import (
     SPLITS,
     FileResult,
@@ -43,9 +45,9 @@ from recscale.data.processed import (
     finish_preprocess,
     merge_rejects,
     prepare_output,
-    split_bounds,
 )
 from recscale.data.schema import FeatureSchema, FittedSchema
+from recscale.data.splits import Splitter, TimeSplit, merge_counts, time_counts
 from recscale.data.table_parse import parse_block
 from recscale.data.table_source import (
     count_rows,
@@ -136,6 +138,7 @@ class Unit:
     rows: int
     row_base: int  # the global row number of its first row
     first_row: int  # its first row's position in its file (0-based)
+    history: Histories | None = None  # the history features to join (recscale.data.history)
 
 
 def plan_units(files: Sequence[str], delimiter: str) -> list[Unit]:
@@ -158,30 +161,88 @@ def plan_units(files: Sequence[str], delimiter: str) -> list[Unit]:
 
 def unit_blocks(u: Unit, columns: Sequence[str], delimiter: str,
                 chunk_bytes: int) -> Iterator[pa.Table]:
+    """A unit's rows in blocks of ``columns``, its history features joined where built."""
+    return with_histories(_read_unit(u, columns, delimiter, chunk_bytes), u.row_base, u.history)
+
+
+def _read_unit(u: Unit, columns: Sequence[str], delimiter: str,
+               chunk_bytes: int) -> Iterator[pa.Table]:
     if u.row_group is None:
         yield from read_text_blocks(u.path, columns, delimiter, chunk_bytes)
     else:
         yield read_row_group(u.path, u.row_group, columns)
 
 
+def build_unit_histories(units: Sequence[Unit], schema: FeatureSchema, delimiter: str,
+                         chunk_bytes: int, out: Path) -> list[Unit]:
+    """The schema's history features built over the units (``recscale.data.history``, steps 1
+    and 2) -> the units, each able to join its rows' histories as it is read."""
+    if not schema.histories:
+        return list(units)
+
+    def blocks(columns):
+        for u in units:
+            base = u.row_base
+            for t in _read_unit(u, list(dict.fromkeys(columns)), delimiter, chunk_bytes):
+                yield base, t
+                base += t.num_rows
+
+    total = int(sum(u.rows for u in units))
+    built = build_histories(schema.histories, blocks, total, out)
+    log.info("history features %s built over %d rows", ", ".join(built.features), total)
+    return [dataclasses.replace(u, history=built) for u in units]
+
+
+def unit_columns(schema: FeatureSchema, splitter: Splitter) -> list[str]:
+    """The columns a unit is read with: the schema's, and the split rule's time column."""
+    return list(dict.fromkeys(needed_columns(schema, build=True)
+                              + [c for c in [splitter.column] if c]))
+
+
 def fit_unit(u: Unit, schema: FeatureSchema, cfg: PreprocessConfig, delimiter: str,
-             train_end: int) -> tuple[IdCounter, list[list[tuple[str, np.ndarray]]]]:
+             splitter: Splitter) -> tuple[IdCounter, list[list[tuple[str, np.ndarray]]]]:
     """What one unit's train rows fit: its id counts (``ids: vocab`` features) and, per block in
     order, the standardize sums (added in unit and block order, they give the same floats on
     either engine)."""
     counter = IdCounter(len(schema.vocab_tables) + len(sized_tables(schema)))
     sums = []
     pos = u.row_base
-    for block in unit_blocks(u, needed_columns(schema), delimiter, cfg.chunk_bytes):
+    for block in unit_blocks(u, unit_columns(schema, splitter), delimiter, cfg.chunk_bytes):
         p = parse_block(block, schema, cfg.max_bag_size)
-        rows = pos + np.arange(block.num_rows)
-        sums.append(_fit_block(p, schema, ~p.bad & (rows < train_end), counter))
+        split, no_time = splitter.split_of(u.path, pos + np.arange(block.num_rows), block)
+        sums.append(_fit_block(p, schema, ~p.bad & ~no_time & (split == 0), counter))
         pos += block.num_rows
     return counter, sums
 
 
+def time_counts_unit(u: Unit, column: str, delimiter: str, chunk_bytes: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """One unit's distinct times and their rows (a split by fractions of the rows in time)."""
+    return merge_counts([time_counts(b.column(column))
+                         for b in unit_blocks(u, [column], delimiter, chunk_bytes)])
+
+
+def make_splitter(cfg: PreprocessConfig, units: Sequence[Unit], delimiter: str,
+                  run=None) -> Splitter:
+    """``preprocess.splits`` resolved for these units; a split by fractions of the rows in time
+    first counts the time column's values (``run(fn, args)``: how the units' tasks run, in
+    order; default here, one after another)."""
+    total = int(sum(u.rows for u in units))
+    rule = cfg.splits
+    if isinstance(rule, TimeSplit) and rule.fractions is not None:
+        args = [(u, rule.by, delimiter, cfg.chunk_bytes) for u in units]
+        parts = run(time_counts_unit, args) if run else [time_counts_unit(*a) for a in args]
+        splitter = Splitter(rule, total, merge_counts(parts))
+    else:
+        splitter = Splitter(rule, total)
+    if splitter.times is not None:
+        log.info("splits by %s: train before %s, validation from it, test from %s",
+                 rule.by, splitter.times[0], splitter.times[1])
+    return splitter
+
+
 def write_unit(u: Unit, fitted: FittedSchema, vocab: Vocabulary | None, cfg: PreprocessConfig,
-               delimiter: str, bounds: np.ndarray, writers: dict, rejects: RejectLog,
+               delimiter: str, splitter: Splitter, writers: dict, rejects: RejectLog,
                progress: Callable[[int], None] | None = None) -> tuple[int, np.ndarray]:
     """One unit's rows -> the split writers and the rejects; -> (rows written, ids per sparse
     input)."""
@@ -189,20 +250,27 @@ def write_unit(u: Unit, fitted: FittedSchema, vocab: Vocabulary | None, cfg: Pre
     header = 1 if is_text(u.path) else 0
     present = np.zeros(len(fitted.sparse_names), np.int64)
     written, pos = 0, 0
-    for block in unit_blocks(u, needed_columns(schema), delimiter, cfg.chunk_bytes):
+    for block in unit_blocks(u, unit_columns(schema, splitter), delimiter, cfg.chunk_bytes):
         p = parse_block(block, schema, cfg.max_bag_size)
         rows = u.row_base + pos + np.arange(block.num_rows)
+        split, no_time = splitter.split_of(u.path, rows, block)
+        p.reject(no_time, lambda r, b=block: splitter.reason(b, r))
         for r in np.flatnonzero(p.bad):
             rejects.add(u.path, u.first_row + pos + int(r) + 1 + header, p.reasons[int(r)],
                         _row_text(block, int(r)))
         table, ids = encode(p, fitted, vocab, rows)
         present += ids
         written += table.num_rows
-        cut = np.searchsorted(table.column("row").to_numpy(), bounds, side="left")
-        lo = 0
-        for split, hi in zip(SPLITS, cut):
-            writers[split].write(table.slice(lo, hi - lo))
-            lo = hi
+        split = split[~p.bad]
+        if np.all(split[1:] >= split[:-1]):  # in row order: each split a slice
+            cut = np.searchsorted(split, np.arange(1, len(SPLITS) + 1), side="left")
+            lo = 0
+            for name, hi in zip(SPLITS, cut):
+                writers[name].write(table.slice(lo, hi - lo))
+                lo = hi
+        else:
+            for k, name in enumerate(SPLITS):
+                writers[name].write(table.filter(pa.array(split == k)))
         pos += block.num_rows
         if progress:
             progress(block.num_rows)
@@ -210,7 +278,7 @@ def write_unit(u: Unit, fitted: FittedSchema, vocab: Vocabulary | None, cfg: Pre
 
 
 def write_unit_part(u: Unit, out: str, fitted: FittedSchema, vocab: Vocabulary | None,
-                    cfg: PreprocessConfig, delimiter: str, bounds: np.ndarray) -> FileResult:
+                    cfg: PreprocessConfig, delimiter: str, splitter: Splitter) -> FileResult:
     """One unit into parts of its own (``<split>/part-<unit>.parquet``,
     ``rejects/part-<unit>.tsv``): what a worker process or a Spark task does."""
     rejects = RejectLog(path=Path(out) / "rejects" / f"part-{u.index:05d}.tsv", max_fraction=1.0)
@@ -218,7 +286,8 @@ def write_unit_part(u: Unit, out: str, fitted: FittedSchema, vocab: Vocabulary |
                               cfg.compression, keep_empty=False, schema=output_schema(fitted))
                for s in SPLITS}
     try:
-        written, present = write_unit(u, fitted, vocab, cfg, delimiter, bounds, writers, rejects)
+        written, present = write_unit(u, fitted, vocab, cfg, delimiter, splitter, writers,
+                                      rejects)
     finally:
         rejects.close()
         for w in writers.values():
@@ -312,12 +381,15 @@ def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,
     time (a part per unit, the rows the same); ``files`` already expanded and checked
     (``source_files``, ``check_columns``)."""
     out = prepare_output(out_dir)
-    units = plan_units(files, delimiter)
+    units = build_unit_histories(plan_units(files, delimiter), schema, delimiter,
+                                 cfg.chunk_bytes, out)
     total = int(sum(u.rows for u in units))
-    bounds = split_bounds(total, cfg.splits)
     parallel = cfg.workers > 1 and len(units) > 1
-    train = [u for u in units if u.row_base < bounds[0]] if _needs_fit(schema) else []
-    fit_args = [(u, schema, cfg, delimiter, int(bounds[0])) for u in train]
+    splitter = make_splitter(cfg, units, delimiter, (lambda fn, args: _in_processes(
+        fn, args, cfg.workers, lambda i: None)) if parallel else None)
+    train = [u for u in units if splitter.may_train(u.path, u.row_base)] \
+        if _needs_fit(schema) else []
+    fit_args = [(u, schema, cfg, delimiter, splitter) for u in train]
     fits = _in_processes(fit_unit, fit_args, cfg.workers, lambda i: None) if parallel and \
         len(train) > 1 else [fit_unit(*a) for a in fit_args]
     fitted, vocab, vocab_path = fit_schema(schema, cfg, out, fits)
@@ -327,11 +399,12 @@ def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,
                 progress(units[i].row_base + units[i].rows, total)
 
         results = _in_processes(write_unit_part, [
-            (u, str(out), fitted, vocab, cfg, delimiter, bounds) for u in units], cfg.workers,
+            (u, str(out), fitted, vocab, cfg, delimiter, splitter) for u in units], cfg.workers,
             unit_done)
         return finish_preprocess(out, files, cfg, total, results,
                                  np.asarray(fitted.table_rows, np.int64), vocab_path,
-                                 fitted=fitted, file_schema=output_schema(fitted))
+                                 fitted=fitted, file_schema=output_schema(fitted),
+                                 splitter=splitter)
     rejects_log = RejectLog(path=out / "rejects" / "part-00000.tsv", total_lines=total,
                             max_fraction=cfg.max_reject_fraction)
     writers = {s: SplitWriter(out / s / "part-00000.parquet", cfg.row_group_size,
@@ -348,8 +421,8 @@ def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,
 
     try:
         for u in units:
-            w, ids = write_unit(u, fitted, vocab, cfg, delimiter, bounds, writers, rejects_log,
-                                step)
+            w, ids = write_unit(u, fitted, vocab, cfg, delimiter, splitter, writers,
+                                rejects_log, step)
             written += w
             present += ids
     except RejectedRowsError as exc:
@@ -366,7 +439,7 @@ def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,
                         present)
     return finish_preprocess(out, files, cfg, total, [result],
                              np.asarray(fitted.table_rows, np.int64), vocab_path, fitted=fitted,
-                             file_schema=output_schema(fitted))
+                             file_schema=output_schema(fitted), splitter=splitter)
 
 
 def _one(counter: IdCounter, k: int) -> IdCounter:

@@ -67,20 +67,27 @@ def file_columns(path: str, delimiter: str) -> list[str]:
     return list(_file_schema(path, delimiter).names)
 
 
-def needed_columns(schema: FeatureSchema) -> list[str]:
-    """The source columns the schema reads (each once, in the schema's order)."""
-    return list(dict.fromkeys(c for c, _, _ in _needs(schema)))
+def needed_columns(schema: FeatureSchema, build: bool = False) -> list[str]:
+    """The source columns the schema reads (each once, in the schema's order). ``build``: the
+    columns preprocessing builds the history features from (their key, item and time), in
+    place of the history columns a served model takes."""
+    return list(dict.fromkeys(c for c, _, _ in _needs(schema, build)))
 
 
-def _needs(schema: FeatureSchema) -> list[tuple[str, str, str]]:
+def _needs(schema: FeatureSchema, build: bool = False) -> list[tuple[str, str, str]]:
     """(column, the feature that reads it, what it must hold)."""
     out = [(schema.label_column, "features.label",
             "number" if schema.label_rule is None else "label")]
     out += [(f.source, f"features.dense[{i}] ({f.name})", "number")
             for i, f in enumerate(schema.dense)]
     for i, f in enumerate(schema.sparse):
-        what = "list" if f.kind == "multi_hot" else ("integer" if f.id_type == "int" else "string")
-        out.append((f.source, f"features.sparse[{i}] ({f.name})", what))
+        who = f"features.sparse[{i}] ({f.name})"
+        if build and f.kind == "history":
+            out += [(f.key, f"{who}.key", "key"), (f.time, f"{who}.time", "time"),
+                    (f.item, f"{who}.item", "integer" if f.id_type == "int" else "string")]
+            continue
+        what = "list" if f.is_bag else ("integer" if f.id_type == "int" else "string")
+        out.append((f.source, who, what))
         if f.weights:
             out.append((f.weights, f"features.sparse[{i}].weights ({f.name})", "numbers"))
     return out
@@ -92,11 +99,16 @@ def _holds(t: pa.DataType, what: str, text: bool) -> bool:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         # strings: ids and delimited lists as they are; numbers (a label, a dense value, weights)
         # parsed as a text file's are, a value that is not a number rejecting its row
-        return what in ("string", "list", "number", "numbers", "label")
+        return what in ("string", "list", "number", "numbers", "label", "key", "time")
     if what == "label":  # read by a label rule: numbers, text or true/false
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
     if what == "number":
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+    if what == "key":
+        return not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_struct(t))
+    if what == "time":
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t) \
+            or pa.types.is_date(t)
     if what == "integer":  # floats too: a database's integer column with nulls reads as float
         return pa.types.is_integer(t) or pa.types.is_floating(t)
     if what == "string":
@@ -112,10 +124,17 @@ def _holds(t: pa.DataType, what: str, text: bool) -> bool:
     return False
 
 
-def check_columns(files: Sequence[str], schema: FeatureSchema, delimiter: str) -> None:
-    """Every file holds every column the schema reads, of a type that can hold it; else a
-    ConfigError naming the column, the file and the type expected."""
-    expected = {"number": "a number (integer or float)",
+def check_columns(files: Sequence[str], schema: FeatureSchema, delimiter: str,
+                  time_column: str | None = None) -> None:
+    """Every file holds every column preprocessing reads (the schema's, with what its
+    histories are built from, and ``time_column``: the split's), of a type that can hold it;
+    else a ConfigError naming the column, the file and the type expected."""
+    needs = _needs(schema, build=True)
+    if time_column:
+        needs.append((time_column, "preprocess.splits.by", "time"))
+    expected = {"key": "a value per row (a number or a string)",
+                "time": "numbers, timestamps, dates, or text holding them",
+"number": "a number (integer or float)",
                 "label": "numbers, strings or booleans (read by features.label.positive)", "integer": "integers (id_type: int)",
                 "string": "strings or integers (id_type: string)",
                 "list": "a list of integers or strings, or a delimited string (multi_hot)",
@@ -124,7 +143,7 @@ def check_columns(files: Sequence[str], schema: FeatureSchema, delimiter: str) -
         if not os.path.exists(f):
             raise ConfigError(f"data.files: {f!r} does not exist")
         have = _file_schema(f, delimiter)
-        for col, who, what in _needs(schema):
+        for col, who, what in needs:
             if col not in have.names:
                 raise ConfigError(f"{f}: column {col!r} ({who}) is missing; expected "
                                   f"{expected[what]}. The file's columns: {', '.join(have.names)}")
