@@ -130,6 +130,7 @@ def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_an
     from recscale.model import model_from_resolved
     from recscale.scoring import score_split
     from tests.conftest import criteo_frame
+    from tests.doc_snippets import run_snippet
     from tests.e2e.serving import invoke, served
 
     proj, _ = finished_run
@@ -156,9 +157,11 @@ def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_an
     assert lacking["probability"].isna().all() and lacking["error"].nunique() == 1
     assert lacking["error"].iloc[0].startswith("the rows lack column(s) C3; the model reads I1, ")
     assert len(served_model.predict(frame.iloc[0:0])) == 0
-    # batch: every line of the raw day, the test split's rows among them
-    kedro(proj, "run", "--pipelines=score", "--env=test", f"--params=score.model={uri}")
-    scores = pq.read_table(proj / "data/07_model_output/scores_test.parquet").to_pandas()
+    # batch: every line of the raw day, the test split's rows among them (written where
+    # docs/serving.md's snippet reads them: score.output's default)
+    kedro(proj, "run", "--pipelines=score", "--env=test",
+          f"--params=score.model={uri},score.output=data/07_model_output/scores.parquet")
+    scores = pq.read_table(proj / "data/07_model_output/scores.parquet").to_pandas()
     assert scores["row"].tolist() == list(range(20000)) and scores["error"].isna().all()
     assert np.abs(scores["score"].to_numpy()[ref.rows] - ref.probs).max() <= 1e-6
     assert np.array_equal(scores["label"].to_numpy()[ref.rows], ref.labels.astype(np.int8))
@@ -171,6 +174,12 @@ def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_an
     joined = kept.merge(scores, on="row", suffixes=("_evaluated", "_scored"))
     assert len(joined) == len(kept)
     assert (joined["score_evaluated"] - joined["score_scored"]).abs().max() <= 1e-6
+    # docs/serving.md's snippets as written, from the project's root (its own store, not ours)
+    printed = run_snippet("serving.predict", cwd=proj).stdout.splitlines()
+    assert printed[0].split() == ["row", "probability", "error"] and len(printed) == 6, printed
+    assert all(line.split()[-1] == "None" for line in printed[1:]), printed
+    printed = run_snippet("serving.compare", cwd=proj).stdout.split()
+    assert float(printed[-1]) <= 1e-6, printed
     score_run = _runs(proj, "score")[0].iloc[0]
     assert score_run["metrics.score.rows_scored"] == 20000
     assert score_run["metrics.score.rows_rejected"] == 0 and score_run["params.score.model"] == uri

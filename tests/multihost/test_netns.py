@@ -174,3 +174,17 @@ def test_kill_host_ends_every_process_in_that_host_only(netns_hosts2):
     assert direct.returncode == -signal.SIGKILL and escaped.returncode == -signal.SIGKILL
     assert other.poll() is None and hosts[0].pids() == [other.pid]
     os.kill(other.pid, 0)  # host 0 untouched
+
+
+def test_the_docs_snippet_runs_on_namespace_hosts(netns_ready):
+    """docs/multihost.md's snippet as written, from the project root; it leaves nothing behind."""
+    import ast
+
+    from tests.doc_snippets import run_snippet
+
+    before = set(N.list_netns()) | set(N.list_links())
+    out = run_snippet("multihost.hosts", cwd=PROJECT_ROOT, timeout=120).stdout.splitlines()
+    assert out[:2] == ["10.77.0.1", "0 1"], out
+    got = ast.literal_eval(out[-1])
+    assert (got["bytes"], got["peer"]) == (MB4, "10.77.0.2"), got
+    assert set(N.list_netns()) | set(N.list_links()) <= before
