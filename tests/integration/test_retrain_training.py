@@ -149,3 +149,34 @@ def test_a_schema_of_your_own_retrains_nightly_on_day_directories(tmp_path):
     second = train_warm(m2, cfg, warm)
     items = m1["schema"]["tables"][1]["name"]
     assert items == "item" and second.table_sizes[1] > first.table_sizes[1] and second.result.steps
+
+
+def test_a_retrain_with_a_time_split_holds_out_the_nights_latest_rows(tmp_path, seed):
+    """``preprocess.splits`` by a time column: the night's held-out rows are the latest by
+    time (as many as ``retrain.eval_fraction`` of the newest partition), wherever they stand
+    in the files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recscale.retrain import DLRMRetrainConfig, find_partitions, prepare_partitions
+
+    rng = np.random.default_rng(seed)
+    landing = tmp_path / "daily"
+    times = {}
+    for day in (1, 2):
+        n = 1000
+        ts = (day * 86400 + rng.permutation(n) * 60).astype(np.int64)  # shuffled, no ties
+        times[day] = ts
+        (landing / f"day={day}").mkdir(parents=True)
+        pq.write_table(pa.table({"click": rng.integers(0, 2, n), "user": rng.integers(0, 50, n),
+                                 "ts": ts}), landing / f"day={day}" / "part-0.parquet")
+    cfg = parse(DLRMRetrainConfig, {
+        "features": {"label": "click", "sparse": [{"name": "user"}]},
+        "preprocess": {"splits": {"by": "ts", "fractions": [0.8, 0.1, 0.1]}},
+        "retrain": {"pattern": "day=*", "work_dir": str(tmp_path / "work"),
+                    "model_dir": str(tmp_path / "models"), "eval_fraction": 0.2}}, "")
+    m = prepare_partitions(find_partitions(landing, "day=*"), WarmStart("cold"), cfg)
+    test = pq.read_table(m["splits"]["test"]["files"]).column("row").to_numpy()
+    latest = np.argsort(np.concatenate([times[1], times[2]]))[-200:]
+    assert sorted(test.tolist()) == sorted(latest.tolist())
+    assert m["split_rule"]["by"] == "ts" and m["splits"]["validation"]["rows"] == 0

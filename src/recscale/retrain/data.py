@@ -1,5 +1,6 @@
 """The data of one retrain: the new partitions preprocessed to fit the warm model, the last
-``retrain.eval_fraction`` of the newest partition held out as the test split.
+``retrain.eval_fraction`` of the newest partition held out as the test split (as many rows,
+the latest by time, when ``preprocess.splits`` is by a time column).
 
 ``preprocess.ids: hash``: the ids hash into the warm model's table sizes. ``ids: vocab``: the
 warm model's vocabulary grows append-only (``vocab.path``), so existing ids keep their rows and
@@ -22,6 +23,7 @@ from pathlib import Path
 from recscale.data.criteo import count_lines
 from recscale.data.preprocess import preprocess_criteo, preprocess_table
 from recscale.data.schema import EmbeddingTable, FeatureSchema, criteo_sparse_names
+from recscale.data.splits import TimeSplit
 from recscale.data.table_source import count_rows, source_files
 from recscale.data.vocab import VocabularyMismatch, load_vocabulary
 from recscale.retrain.config import DLRMRetrainConfig
@@ -45,8 +47,10 @@ def prepare_partitions(parts: list[Partition], warm: WarmStart, cfg: DLRMRetrain
     else:
         counts = [count_lines(f) for f in files]
     held_out = cfg.retrain.eval_fraction * counts[-1] / sum(counts)
-    pcfg = dataclasses.replace(cfg.preprocess, output_dir=cfg.retrain.work_dir,
-                               splits=(1.0 - held_out, 0.0, held_out))
+    splits = (1.0 - held_out, 0.0, held_out)
+    if isinstance(cfg.preprocess.splits, TimeSplit):  # the night's latest rows by their time
+        splits = TimeSplit(cfg.preprocess.splits.by, fractions=splits)
+    pcfg = dataclasses.replace(cfg.preprocess, output_dir=cfg.retrain.work_dir, splits=splits)
     vocab = bool(cfg.schema.vocab_tables) if custom else pcfg.ids == "vocab"
     if vocab:  # the warm model's vocabulary grows; its tables grow with it
         pcfg = dataclasses.replace(pcfg, vocab=dataclasses.replace(
