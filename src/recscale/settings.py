@@ -16,7 +16,32 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 HOOKS = (TrackingStoreCheck(), RecscaleHooks(), SparkHooks())
 
-CONFIG_LOADER_CLASS = OmegaConfigLoader
+
+def _replaced(base: dict, env: dict) -> dict:
+    """``base`` without the keys whose env value is another kind of value (a mapping where base
+    has a list, ``preprocess.splits: {by: ts, ...}`` over ``[0.8, 0.1, 0.1]``): the env's
+    value replaces them whole, as a scalar would; mappings in both merge key by key."""
+    out = dict(base)
+    for k, v in env.items():
+        if k not in out:
+            continue
+        if isinstance(out[k], dict) and isinstance(v, dict):
+            out[k] = _replaced(out[k], v)
+        elif isinstance(out[k], (dict, list)) or isinstance(v, (dict, list)):
+            del out[k]
+    return out
+
+
+class ConfigLoader(OmegaConfigLoader):
+    """Kedro's loader whose soft merge lets an env give a mapping where base has a list (and
+    the other way round), which OmegaConf's merge refuses."""
+
+    @staticmethod
+    def _soft_merge(config, env_config, env_path=None):
+        return OmegaConfigLoader._soft_merge(_replaced(config, env_config), env_config, env_path)
+
+
+CONFIG_LOADER_CLASS = ConfigLoader
 CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
