@@ -87,7 +87,8 @@ def preprocess_table_spark(files: Sequence[str], out_dir: str | os.PathLike,
     out = prepare_output(out_dir)
     units = [Unit(u.index, os.path.abspath(u.path), u.row_group, u.rows, u.row_base, u.first_row)
              for u in plan_units(list(files), delimiter)]
-    units = build_unit_histories(units, schema, delimiter, cfg.chunk_bytes, out.resolve())
+    units = build_unit_histories(units, schema.histories, delimiter, cfg.chunk_bytes,
+                                 out.resolve())
     total = int(sum(u.rows for u in units))
 
     def tasks(fn, args):  # one Spark task per unit, results in order

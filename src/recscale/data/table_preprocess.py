@@ -46,7 +46,7 @@ from recscale.data.processed import (
     merge_rejects,
     prepare_output,
 )
-from recscale.data.schema import FeatureSchema, FittedSchema
+from recscale.data.schema import FeatureSchema, FittedSchema, SparseFeature
 from recscale.data.splits import Splitter, TimeSplit, merge_counts, time_counts
 from recscale.data.table_parse import parse_block
 from recscale.data.table_source import (
@@ -173,11 +173,11 @@ def _read_unit(u: Unit, columns: Sequence[str], delimiter: str,
         yield read_row_group(u.path, u.row_group, columns)
 
 
-def build_unit_histories(units: Sequence[Unit], schema: FeatureSchema, delimiter: str,
-                         chunk_bytes: int, out: Path) -> list[Unit]:
-    """The schema's history features built over the units (``recscale.data.history``, steps 1
-    and 2) -> the units, each able to join its rows' histories as it is read."""
-    if not schema.histories:
+def build_unit_histories(units: Sequence[Unit], features: Sequence[SparseFeature],
+                         delimiter: str, chunk_bytes: int, out: Path) -> list[Unit]:
+    """History ``features`` built over the units (``recscale.data.history``, steps 1 and 2)
+    -> the units, each able to join its rows' histories as it is read."""
+    if not features:
         return list(units)
 
     def blocks(columns):
@@ -188,7 +188,7 @@ def build_unit_histories(units: Sequence[Unit], schema: FeatureSchema, delimiter
                 base += t.num_rows
 
     total = int(sum(u.rows for u in units))
-    built = build_histories(schema.histories, blocks, total, out)
+    built = build_histories(features, blocks, total, out)
     log.info("history features %s built over %d rows", ", ".join(built.features), total)
     return [dataclasses.replace(u, history=built) for u in units]
 
@@ -381,7 +381,7 @@ def preprocess_table_pyarrow(files: Sequence[str], out_dir: str | os.PathLike,
     time (a part per unit, the rows the same); ``files`` already expanded and checked
     (``source_files``, ``check_columns``)."""
     out = prepare_output(out_dir)
-    units = build_unit_histories(plan_units(files, delimiter), schema, delimiter,
+    units = build_unit_histories(plan_units(files, delimiter), schema.histories, delimiter,
                                  cfg.chunk_bytes, out)
     total = int(sum(u.rows for u in units))
     parallel = cfg.workers > 1 and len(units) > 1

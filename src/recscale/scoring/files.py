@@ -32,7 +32,7 @@ from recscale.config import ConfigError
 from recscale.data.criteo import RejectLog, count_lines, read_criteo_tsv
 from recscale.data.processed import criteo_parsed
 from recscale.data.schema import criteo_schema
-from recscale.data.table_preprocess import Unit, plan_units, unit_blocks
+from recscale.data.table_preprocess import Unit, build_unit_histories, plan_units, unit_blocks
 from recscale.data.table_source import file_columns, source_files
 from recscale.evaluate.metrics import metrics_with_oracle
 from recscale.scoring.config import SOURCES
@@ -112,14 +112,23 @@ def check_source(scorer: RawScorer, source: str, files: Sequence[str], delimiter
             if not Path(f).is_file():
                 raise ConfigError(f"score.data.files: {f!r} does not exist")
         return True
+    built = {f.source for f in built_histories(scorer, files, delimiter)}
     for f in files:
         have = file_columns(f, delimiter)
-        missing = [c for c in scorer.input_columns() if c not in have]
+        missing = [c for c in scorer.input_columns() if c not in have and c not in built]
         if missing:
             raise ConfigError(f"{f}: column(s) {', '.join(missing)} missing; the model reads "
                               f"{', '.join(scorer.input_columns())}. The file's columns: "
                               f"{', '.join(have)}")
     return all(scorer.label in file_columns(f, delimiter) for f in files)
+
+
+def built_histories(scorer: RawScorer, files: Sequence[str], delimiter: str) -> tuple:
+    """The model's history features that scoring builds from the files (no file holds the
+    feature's column, every file holds its key, item and time), as preprocessing did."""
+    have = [set(file_columns(f, delimiter)) for f in files]
+    return tuple(f for f in scorer.fitted.schema.histories
+                 if all(f.source not in h and {f.key, f.item, f.time} <= h for h in have))
 
 
 def plan_score_units(source: str, files: Sequence[str], delimiter: str) -> list[Unit]:
@@ -149,7 +158,9 @@ def _blocks(scorer: RawScorer, u: Unit, source: str, delimiter: str, chunk_bytes
         yield np.zeros(0, np.int64), np.zeros(0, np.int8), np.zeros(0), \
             *_taken(rejects, None, u.row_base)
         return
-    columns = scorer.input_columns() + ([scorer.label] if labels else [])
+    built = set(u.history.features) if u.history else set()
+    columns = [c for c in scorer.input_columns() if c not in built] + \
+        ([scorer.label] if labels else [])
     pos = 0
     for block in unit_blocks(u, columns, delimiter, chunk_bytes):
         p = scorer.parse(block, labels)  # a labelled file's rows all read their label
@@ -221,6 +232,10 @@ def score_files(make_scorer: Callable[[], RawScorer] | RawScorer, files: Sequenc
     total = int(sum(u.rows for u in units))
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    histories = built_histories(scorer, files, delimiter) if source != "criteo_tsv" else ()
+    scratch = out.with_name(out.name + ".history").resolve()
+    if histories:  # built over the scored files, as preprocessing built them over its input
+        units = build_unit_histories(units, histories, delimiter, chunk_bytes, scratch)
     tmp = out.with_name(out.name + ".tmp")
     results: list[UnitResult] = []
     done = 0
@@ -240,6 +255,7 @@ def score_files(make_scorer: Callable[[], RawScorer] | RawScorer, files: Sequenc
             results = _on_spark(spark, make_scorer, units, source, delimiter, chunk_bytes,
                                 labels, out, writer, step)
     tmp.replace(out)
+    shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - t0
     read, scored = sum(r.read for r in results), sum(r.scored for r in results)
     if read != total:
