@@ -14,6 +14,7 @@ from recscale.config import ConfigError
 from recscale.data import history
 from recscale.data.preprocess import SPLITS, PreprocessConfig, load_manifest, preprocess_table
 from recscale.data.schema import parse_features
+from tests.history_reference import histories
 
 MAX_LEN = 4
 
@@ -40,19 +41,6 @@ def _log(tmp_path, seed, n=1200):
     return [str(tmp_path / "a.parquet"), str(tmp_path / "b.csv")], df
 
 
-def _reference(df):
-    """Each row's history, by the definition, with pandas: the same user's rows strictly
-    before its time, by (time, row), the last MAX_LEN items."""
-    d = df.reset_index(names="row")
-    ok = d.dropna(subset=["user", "ts"]).sort_values(["user", "ts", "row"], kind="stable")
-    out = [[] for _ in range(len(df))]
-    for _, g in ok.groupby("user"):
-        for r in g.itertuples():
-            before = g[g.ts < r.ts]
-            out[r.row] = before["item"].tolist()[-MAX_LEN:]
-    return out
-
-
 SCHEMA = {"label": "click",
           "sparse": [{"name": "user", "id_type": "string", "ids": "vocab"},
                      {"name": "item", "ids": "vocab"},
@@ -66,7 +54,7 @@ def test_histories_equal_pandas_on_a_shuffled_log_on_both_engines(spark, tmp_pat
     files, df = _log(tmp_path, seed)
     schema = parse_features(SCHEMA)
     assert schema.sparse[2].table_name == "item" and schema.sparse[2].ids == "vocab"
-    want = _reference(df)
+    want = histories(df, "user", "item", "ts", MAX_LEN)
     got = {}
     for name, engine, workers in (("one", "pyarrow", 1), ("workers", "pyarrow", 2),
                                   ("spark", "spark", 1)):

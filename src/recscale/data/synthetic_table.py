@@ -45,12 +45,13 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recscale.config import Validated, check, to_dict
+from recscale.config import Validated, check, check_choice, to_dict
 from recscale.data.schema import FeatureSchema
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,33 @@ class FeatureDraw(Validated):
 
 
 @dataclass(frozen=True)
+class TimeColumn(Validated):
+    """``data.generator.time``: a column of each row's time, and the order rows are written in."""
+
+    column: str = "ts"
+    start: str = "2026-01-01"  # the log's first time (ISO date)
+    days: float = 90.0  # the log spans this many days; row i of n at start + i / n of it
+    # time: rows written in time order; shuffled: in a seeded random order (a log as it comes
+    # from several sources, not sorted; the generator holds the rows in memory to shuffle them)
+    order: Literal["time", "shuffled"] = "time"
+
+    def validate(self, prefix: str = "data.generator.time") -> None:
+        check(isinstance(self.column, str) and bool(self.column), f"{prefix}.column",
+              self.column, "a column name")
+        check(self.days > 0, f"{prefix}.days", self.days, "> 0")
+        check_choice(f"{prefix}.order", self.order, ("time", "shuffled"))
+        try:
+            np.datetime64(self.start, "s")
+        except ValueError:
+            check(False, f"{prefix}.start", self.start, "an ISO date ('2026-01-01')")
+
+    def seconds(self, times: np.ndarray) -> np.ndarray:
+        """Times in [0, 1) of the log -> seconds since 1970-01-01."""
+        t0 = np.datetime64(self.start, "s").astype(np.int64)
+        return t0 + np.floor(times * self.days * 86400).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class TableSynthConfig(Validated):
     num_rows: int = 100_000
     seed: int = 0
@@ -95,8 +123,17 @@ class TableSynthConfig(Validated):
     # the crossed pairs by feature name; empty: the first ``crosses`` pairs in schema order
     cross_pairs: tuple[tuple[str, str], ...] = ()
     features: Mapping[str, FeatureDraw] = field(default_factory=dict)
+    time: TimeColumn | None = None  # a time column (and the rows' order); null: none
+    # with a label rule: the values written for clicks and for the rest, each row's drawn
+    # uniformly (e.g. ratings {click: [4, 5], other: [1, 2, 3]}); null: one of each
+    label_values: Mapping[str, tuple[Any, ...]] | None = None
 
     def validate(self, prefix: str = "data.generator") -> None:
+        if self.label_values is not None:
+            check(set(self.label_values) == {"click", "other"}
+                  and all(len(v) >= 1 for v in self.label_values.values()),
+                  f"{prefix}.label_values", self.label_values,
+                  "{click: [values], other: [values]}, each at least one value")
         check(self.num_rows >= 1, f"{prefix}.num_rows", self.num_rows, ">= 1")
         check(self.zipf_exponent > 0, f"{prefix}.zipf_exponent", self.zipf_exponent, "> 0")
         check(0 < self.base_ctr < 1, f"{prefix}.base_ctr", self.base_ctr, "in (0, 1)")
@@ -138,8 +175,9 @@ class SchemaPlantedModel:
         self.schema, self.cfg = schema, cfg
         rng = np.random.default_rng([cfg.seed, 7])
         s = cfg.signal_strength
-        self.sparse = list(schema.sparse)
-        self.draws = {f.name: cfg.draw(f.name) for f in [*schema.dense, *schema.sparse]}
+        # histories are built from the log by preprocessing: nothing of theirs is drawn
+        self.sparse = [f for f in schema.sparse if f.kind != "history"]
+        self.draws = {f.name: cfg.draw(f.name) for f in [*schema.dense, *self.sparse]}
         self._check_names()
         self.cdf, self.effects, self.codes = {}, {}, {}
         for f in self.sparse:
@@ -386,16 +424,41 @@ class SchemaPlantedModel:
         label column holds them as 0/1, or as values the schema's label rule reads so)."""
         rng = np.random.default_rng([self.cfg.seed, 9, index])
         start = index * BLOCK_ROWS
-        cols, logit = self._sample(rng, (start + np.arange(n)) / self.cfg.num_rows)
+        times = (start + np.arange(n)) / self.cfg.num_rows
+        cols, logit = self._sample(rng, times)
         prob = _sigmoid(logit + self.bias)
         label = (rng.random(n) < prob).astype(np.int8)
         rule = self.schema.label_rule
         if rule is None:
             written = label
-        else:  # the non-click value at 0, the click value at 1, picked by each row's click
+        elif self.cfg.label_values is None:  # the non-click value at 0, the click value at 1
             written = pa.array(np.array([rule.example(False), rule.example(True)],
                                         dtype=object)[label].tolist())
+        else:  # each row one of its class's values, uniformly
+            pick = rng.random(n)
+            values = [np.array(self.cfg.label_values[k], dtype=object) for k in ("other", "click")]
+            written = pa.array([values[c][int(u * len(values[c]))]
+                                for c, u in zip(label.tolist(), pick.tolist())])
+        if self.cfg.time is not None:
+            cols[self.cfg.time.column] = pa.array(self.cfg.time.seconds(times))
         return pa.table({self.schema.label_column: written, **cols}), prob, label
+
+
+def check_label_values(schema: FeatureSchema, cfg: TableSynthConfig) -> None:
+    """``label_values`` are read by the schema's label rule as their class says."""
+    if cfg.label_values is None:
+        return
+    rule = schema.label_rule
+    check(rule is not None, "data.generator.label_values", cfg.label_values,
+          "null unless features.label is a rule ({column, positive})")
+    for key, want in (("click", True), ("other", False)):
+        for v in cfg.label_values[key]:
+            read = rule.clicks_of_numbers(np.array([float(v)]))[0] if rule.numeric and \
+                isinstance(v, (int, float)) else rule.clicks_of_text(np.array([str(v)], object))[0]
+            check(bool(read) == want,
+                  f"data.generator.label_values.{key}", list(cfg.label_values[key]),
+                  f"values features.label.positive ({rule.positive!r}) reads as "
+                  f"{'clicks' if want else 'non-clicks'}")
 
 
 def generate_table(schema: FeatureSchema, cfg: TableSynthConfig, path: str | os.PathLike,
@@ -416,22 +479,32 @@ def generate_table(schema: FeatureSchema, cfg: TableSynthConfig, path: str | os.
             log.info("reusing %s (same config and schema)", path)
             return TableSynthReport(**known)
     model = SchemaPlantedModel(schema, cfg)
+    check_label_values(schema, cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    probs, labels = [], []
+    probs, labels, held = [], [], []
+    shuffled = cfg.time is not None and cfg.time.order == "shuffled"
     writer = None
     done = 0
     try:
         for i, start in enumerate(range(0, cfg.num_rows, BLOCK_ROWS)):
             n = min(BLOCK_ROWS, cfg.num_rows - start)
             table, prob, label = model.block(i, n)
-            if writer is None:
-                writer = pq.ParquetWriter(path, table.schema, compression="zstd")
-            writer.write_table(table)
+            if shuffled:  # written at the end, in a seeded random order
+                held.append(table)
+            else:
+                if writer is None:
+                    writer = pq.ParquetWriter(path, table.schema, compression="zstd")
+                writer.write_table(table)
             probs.append(prob)
             labels.append(label)
             done += n
             if progress:
                 progress(n)
+        if shuffled:
+            order = np.random.default_rng([cfg.seed, 12]).permutation(done)
+            pq.write_table(pa.concat_tables(held).take(pa.array(order)), path,
+                           compression="zstd", row_group_size=BLOCK_ROWS)
+            probs, labels = [np.concatenate(probs)[order]], [np.concatenate(labels)[order]]
     finally:
         if writer is not None:
             writer.close()

@@ -14,6 +14,7 @@ does nothing, so scoring is deterministic and equals a model built without dropo
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -120,7 +121,10 @@ class MLP(nn.Sequential):
         layers: list[nn.Module] = []
         drop_after = []
         for i, w in enumerate(widths):
-            layers.append(nn.Linear(in_dim, w))
+            with warnings.catch_warnings():  # no dense features: the first layer is a learned
+                # constant (its bias, from 0); torch warns that it initialises no weights
+                warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+                layers.append(nn.Linear(in_dim, w))
             if i < len(widths) - 1 or last_activation:
                 layers.append(nn.ReLU(inplace=True))
             if i < len(widths) - 1:
