@@ -149,6 +149,10 @@ def test_an_empty_request_and_a_label_column_of_nan_are_answered_plainly(dataset
     got = scorer.score_table(frame_to_table(frame))
     assert got.errors == {} and got.labels is None
     assert np.array_equal(got.probs, unlabelled.probs)
+    # columns the model does not read (a request id, a column of another model) are not read
+    extra = frame.drop(columns=["click"]).assign(request_id=np.arange(8), user2=frame["user"])
+    got = scorer.score_table(frame_to_table(extra))
+    assert got.errors == {} and np.array_equal(got.probs, unlabelled.probs)
     # one missing label among labels is that row's reject, as in preprocessing
     frame["click"] = [0, 1, np.nan, 1, 0, 0, 1, 0]
     got = scorer.score_table(frame_to_table(frame))
