@@ -20,9 +20,9 @@ from recscale.evaluate.baselines import (
     lift_metrics,
     score_baselines,
 )
+from recscale.evaluate.config import EvaluateConfig
 from recscale.retrain import decide_promotion
 from recscale.retrain.config import DLRMRetrainConfig
-from recscale.runconfig.dlrm import EvaluateConfig
 
 
 def _batch(rows, labels, dense, ids, bags=()):

@@ -29,7 +29,8 @@ ALLOWED = {
     "report": {"embedding", "model", "sharding"},
     "retrain": {"data", "evaluate", "model", "runconfig", "scoring", "sharding", "train"},
     # the root config puts every package's block together (and resolves the model and the plan)
-    "runconfig": {"comm", "data", "distributed", "embedding", "model", "optim", "sharding"},
+    "runconfig": {"comm", "data", "distributed", "embedding", "evaluate", "model", "optim",
+                  "sharding"},
     "scoring": {"data", "evaluate", "model"},
     "sharding": {"comm"},
     # optim: Hessian-free as the DLRM's dense optimizer (train.dense_optimizer.name); evaluate:

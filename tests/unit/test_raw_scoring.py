@@ -15,11 +15,11 @@ from recscale.data.processed import PreprocessConfig, load_manifest
 from recscale.data.schema import FittedSchema, parse_features, to_dict
 from recscale.data.synthetic_table import TableSynthConfig, generate_table
 from recscale.data.vocab import load_vocabulary
+from recscale.evaluate.config import EvaluateConfig
 from recscale.model.convert import recipe_from_resolved
-from recscale.runconfig.dlrm import EvaluateConfig
 from recscale.scoring import score_split
 from recscale.scoring.files import score_files
-from recscale.scoring.raw import EVALUATE_BATCH_SIZE, RawScorer, frame_to_table
+from recscale.scoring.raw import RawScorer, frame_to_table
 from tests.conftest import criteo_frame
 
 SCHEMA = {"label": "click",
@@ -78,7 +78,12 @@ def test_raw_rows_score_as_the_evaluation_path_scores_their_preprocessed_rows(da
     assert scorer.batch_size == resolved["evaluate"]["batch_size"]
     no_block = {k: v for k, v in resolved.items() if k != "evaluate"}
     assert RawScorer.load(no_block, state, man["vocabulary_path"]).batch_size \
-        == EVALUATE_BATCH_SIZE == EvaluateConfig.batch_size
+        == EvaluateConfig.batch_size
+    # the blocks go through their types: a key no type knows is named, not skipped
+    bad = {**resolved, "evaluate": {**resolved["evaluate"], "batch_sise": 64}}
+    with pytest.raises(ConfigError, match=r"unknown key evaluate.batch_sise \(did you mean "
+                       "'batch_size'"):
+        RawScorer.load(bad, state, man["vocabulary_path"])
     first, rows = _test_rows(raw, man)
     got = scorer.score_table(rows.drop_columns(["click"]))
     assert not got.errors and got.labels is None

@@ -17,6 +17,7 @@ from recscale.data.unknown_ids import UnknownIdsConfig
 from recscale.distributed import LaunchConfig
 from recscale.embedding.tbe import LR_SCHEDULES, EmbeddingOptimizerConfig
 from recscale.embedding.tier_config import TierConfig
+from recscale.evaluate.config import EvaluateConfig  # noqa: F401  (the evaluate block; re-exported)
 from recscale.model.dlrm import ModelConfig
 from recscale.optim.config import HessianFreeConfig
 from recscale.sharding import ShardingConfig
@@ -285,23 +286,6 @@ class TrainConfig(Validated):
         if self.fault_injection is not None:
             check(self.fault_injection.rank < self.world_size, f"{prefix}.fault_injection.rank",
                   self.fault_injection.rank, f"< {prefix}.launch.world_size={self.world_size}")
-
-
-@dataclass(frozen=True)
-class EvaluateConfig(Validated):
-    split: str = "test"
-    batch_size: int = 16384
-    # cheap baselines fitted on the train split and scored on the same rows as the model
-    # (recscale.evaluate.baselines.BASELINES); () = none
-    baselines: tuple[str, ...] = ("logreg", "rate")
-
-    def validate(self, prefix: str = "evaluate") -> None:
-        check_choice(f"{prefix}.split", self.split, ("train", "validation", "test"))
-        check(self.batch_size > 0, f"{prefix}.batch_size", self.batch_size, "a positive integer")
-        for i, name in enumerate(self.baselines):
-            check_choice(f"{prefix}.baselines[{i}]", name, ("logreg", "rate"))
-        check(len(set(self.baselines)) == len(self.baselines), f"{prefix}.baselines",
-              list(self.baselines), "each baseline at most once")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from recscale.config import ConfigError
+from recscale.config import ConfigError, parse
 from recscale.data.encode import Parsed, encode
 from recscale.data.loader import columns_of, to_batch
 from recscale.data.processed import PreprocessConfig
@@ -27,12 +27,8 @@ from recscale.data.schema import FittedSchema
 from recscale.data.table_parse import parse_block
 from recscale.data.table_source import needed_columns
 from recscale.data.vocab import Vocabulary, load_vocabulary
+from recscale.evaluate.config import EvaluateConfig
 from recscale.model import DLRM, model_from_resolved
-
-# a run's config without evaluate.batch_size (an older run's) scores in batches of
-# EvaluateConfig.batch_size's default (tests/unit/test_raw_scoring.py holds them equal; scoring
-# may not import runconfig)
-EVALUATE_BATCH_SIZE = 16384
 
 
 def frame_to_table(frame) -> pa.Table:
@@ -93,11 +89,11 @@ class RawScorer:
         and its vocabulary file (``ids: vocab`` only)."""
         fitted = FittedSchema.of(resolved_config)
         vocab = load_vocabulary(vocabulary, fitted.schema.vocab_tables) if vocabulary else None
-        pre = resolved_config.get("preprocess", {})
+        # the run's blocks through their types: a key the type does not know stops here
+        pre = parse(PreprocessConfig, resolved_config.get("preprocess"), "preprocess")
+        ev = parse(EvaluateConfig, resolved_config.get("evaluate"), "evaluate")
         return cls(model_from_resolved(dict(resolved_config), dict(state)), fitted, vocab,
-                   pre.get("max_bag_size", PreprocessConfig.max_bag_size),
-                   batch_size or resolved_config.get("evaluate", {}).get(
-                       "batch_size", EVALUATE_BATCH_SIZE))
+                   pre.max_bag_size, batch_size or ev.batch_size)
 
     @property
     def label(self) -> str:
