@@ -82,3 +82,120 @@ def test_the_check_finds_a_key_left_out():
     secs["train.checkpoint"] = secs["train.checkpoint"] - {"init_grow"}
     assert not documented("train.checkpoint.init_grow", secs)
     assert not documented("train.no_such_key", secs) and not documented("nope", secs)
+
+
+def _rows() -> list[tuple[str, list[str]]]:
+    """(section key, cells) of every table row of a block's section."""
+    heads = list(re.finditer(r"^#{2,3} `([a-z_.]+)`(?: and `([a-z_.]+)`)?", DOC, re.M))
+    out = []
+    for i, m in enumerate(heads):
+        body = DOC[m.start():heads[i + 1].start() if i + 1 < len(heads) else len(DOC)]
+        for row in re.findall(r"^\|(.*)\|\s*$", body, re.M):
+            cells = [c.strip() for c in row.split(" | ")]
+            if cells and cells[0].startswith("`"):
+                out.append((m.group(0), cells))
+    return out
+
+
+def _split(cell: str) -> list[str]:
+    """A defaults cell's values (siblings' defaults are comma-separated; lists keep theirs)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(cell):
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if ch == "," and depth == 0:
+            items.append(cell[start:i].strip())
+            start = i + 1
+    return items + [cell[start:].strip()]
+
+
+def _literal(text: str):
+    """A documented default as a value; _PROSE where the cell says it in words."""
+    import yaml
+
+    text = text.replace("`", "").strip()
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return _PROSE
+    if isinstance(value, str):
+        if " " in value or value in ("same", "-"):  # words, or "as the other column"
+            return _PROSE
+        try:
+            return float(value)  # 1e-6: a number YAML 1.1 reads as text
+        except ValueError:
+            return value
+    return value
+
+
+_PROSE = object()
+
+
+def _same(doc, value) -> bool:
+    if isinstance(value, (tuple, list)) and isinstance(doc, list):
+        return len(doc) == len(value) and all(_same(a, b) for a, b in zip(doc, value))
+    if isinstance(value, bool) or isinstance(doc, bool) or value is None or doc is None:
+        return doc is value or doc == value
+    if isinstance(value, (int, float)) and isinstance(doc, (int, float)):
+        return abs(float(doc) - float(value)) <= 1e-12 * max(1.0, abs(float(value)))
+    return str(doc) == str(value)
+
+
+def _defaults() -> dict[str, object]:
+    """Every typed key -> what a run gets without an env: conf/base's value, else the type's."""
+    from recscale.settings import CONFIG_LOADER_ARGS, CONFIG_LOADER_CLASS
+
+    base = CONFIG_LOADER_CLASS(str(PROJECT_ROOT / "conf"), env="local",
+                               **CONFIG_LOADER_ARGS)["parameters"]
+    out = {}
+
+    def walk(cls, prefix, given):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            sub = given.get(f.name, dataclasses.MISSING) if isinstance(given, dict) \
+                else dataclasses.MISSING
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], f"{prefix}{f.name}.", sub if isinstance(sub, dict) else {})
+                continue
+            if sub is dataclasses.MISSING:
+                sub = f.default if f.default is not dataclasses.MISSING else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING
+                    else dataclasses.MISSING)
+            out[prefix + f.name] = sub
+
+    for cls, prefix in ROOTS:
+        block = base if not prefix else base.get(prefix.rstrip("."), {})
+        walk(cls, prefix, block)
+    return out
+
+
+def test_every_documented_default_is_what_a_run_gets():
+    """A row's default (its cell, or one per sibling key) equals conf/base's value, else the
+    type's default; the hf section's two columns are hf's and hf_speech's. Defaults said in
+    words (a preset's list, "the name") are left to the reader."""
+    defaults, checked, wrong = _defaults(), 0, []
+    for head, cells in _rows():
+        keys = re.findall(r"`([^`]+)`", cells[0].split("(")[0])
+        section = re.findall(r"`([a-z_.]+)`", head)
+        columns = [(section[0], cells[1])] if len(section) == 1 or len(cells) < 4 else \
+            [(section[0], cells[1]), (section[1], cells[2])]
+        for sec, cell in columns:
+            docs = _split(cell) if len(keys) > 1 else [cell]
+            if len(docs) != len(keys):
+                continue
+            for key, doc in zip(keys, docs):
+                full = key if "." in key and key.split(".")[0] in (s.split(".")[0] for s in
+                                                                      section) else \
+                    f"{sec}.{key}" if sec else key
+                if full not in defaults and f"{sec}.{key}" in defaults:
+                    full = f"{sec}.{key}"
+                value, got = defaults.get(full, _PROSE), _literal(doc)
+                if value is _PROSE or got is _PROSE or value is dataclasses.MISSING:
+                    continue
+                checked += 1
+                if not _same(got, value):
+                    wrong.append(f"{full}: documented {doc!r}, a run gets {value!r}")
+    assert not wrong, "\n".join(wrong)
+    assert checked >= 200, checked
