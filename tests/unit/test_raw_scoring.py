@@ -251,3 +251,68 @@ def test_criteo_tsv_input_for_a_model_of_another_schema_is_refused(dataset, seed
     scorer = RawScorer.load(resolved, state, man["vocabulary_path"])
     with pytest.raises(ConfigError, match="criteo_tsv.*another schema.*use source 'table'"):
         score_files(scorer, [raw], tmp_path / "s.parquet", "criteo_tsv")
+
+
+TRICKY = {  # (column index, raw value) set on a good line: what Criteo's rules say of it
+    "7 hex digits": (1 + 13 + 2, b"abcdef1"),
+    "9 hex digits": (1 + 13 + 3, b"abcdef123"),
+    "count +5 (legal)": (2, b"+5"),
+    "count 1e3": (3, b"1e3"),
+    "count 2.5": (4, b"2.5"),
+    "count -0 (legal)": (5, b"-0"),
+    "label 0.0": (0, b"0.0"),
+    "label 1.0": (0, b"1.0"),
+    "label 2": (0, b"2"),
+    "empty label": (0, b""),
+    "empty count (legal)": (6, b""),
+    "empty id (legal)": (1 + 13 + 4, b""),
+    "upper-case id (legal)": (1 + 13 + 5, b"ABCDEF12"),
+    "non-ASCII id": (1 + 13 + 6, "é1234567".encode()),
+    "id with a space": (1 + 13 + 7, b"abcd 123"),
+}
+
+
+def test_preprocessing_batch_scoring_and_the_served_model_accept_and_reject_the_same_criteo_lines(
+        tmp_path, seed):
+    """A file of tricky Criteo lines: preprocessing's rejects, the batch scorer of the TSV file
+    and the served model given the lines as a frame (as text, and as a frame with numbers) reject
+    the same rows with the same reasons and score the others alike."""
+    import pandas as pd
+
+    from recscale.data.criteo import COLUMN_NAMES
+    from recscale.data.preprocess import preprocess_criteo
+
+    raw, man, resolved = _criteo(tmp_path, seed)
+    lines = open(raw, "rb").read().splitlines()[:200]
+    lines = [ln for ln in lines if len(ln.split(b"\t")) == 40][:150]
+    for k, (col, value) in enumerate(TRICKY.values()):
+        fields = lines[10 + 7 * k].split(b"\t")
+        fields[col] = value
+        lines[10 + 7 * k] = b"\t".join(fields)
+    tricky = tmp_path / "tricky.tsv"
+    tricky.write_bytes(b"\n".join(lines) + b"\n")
+    cfg = PreprocessConfig(output_dir=str(tmp_path / "t"), max_reject_fraction=1.0,
+                           table_sizes=tuple(man["table_sizes"]))
+    pre = preprocess_criteo([tricky], tmp_path / "t", cfg)
+    rejected = pd.read_csv(pre.rejects_path, sep="\t", quoting=3, dtype=str)
+    want = {int(r.line) - 1: r.reason for r in rejected.itertuples()}
+    assert len(want) == 10  # the eleven-odd legal ones kept
+    _, state = _model_state(resolved, seed)
+    scorer = RawScorer.load(resolved, state)
+    rep = score_files(scorer, [tricky], tmp_path / "s.parquet", "criteo_tsv")
+    batch = pq.read_table(rep.out_path).to_pandas()
+    assert {int(r): e for r, e in zip(batch["row"], batch["error"]) if isinstance(e, str)} == want
+    # the served model: the lines as text, as a caller forwarding raw lines sends them
+    text = pd.DataFrame([[f.decode("utf-8", "replace") for f in ln.split(b"\t")] for ln in lines],
+                        columns=list(COLUMN_NAMES))
+    got = scorer.score_table(frame_to_table(text))
+    assert got.errors == want
+    assert sum(e.startswith("bad byte") for e in want.values()) == 1  # the non-ASCII id
+    ok = batch["error"].isna().to_numpy()
+    assert np.abs(got.probs[ok] - batch["score"].to_numpy()[ok]).max() <= 1e-6
+    # numbers as numbers (a count column with gaps is float): the same rows scored alike
+    good = [r for r in range(len(lines)) if r not in want]
+    frame = criteo_frame([tricky], good)
+    got = scorer.score_table(frame_to_table(frame))
+    assert not got.errors
+    assert np.abs(got.probs - batch["score"].to_numpy()[good]).max() <= 1e-6

@@ -297,6 +297,50 @@ def _parse_block(buf: bytes, first_line: int, source: str, rejects: RejectLog) -
     )
 
 
+def _criteo_text(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column of Criteo values (numbers or text) as the TSV field a line would hold: missing
+    as empty, a float holding a whole number as that integer (a frame's count column with gaps
+    is float), a line break inside a value as a carriage return (so it stays one line, and the
+    reader rejects it as a bad byte)."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_floating(col.type):
+        x = col.to_numpy(zero_copy_only=False)
+        whole = np.isfinite(x) & (np.floor(x) == x) & (np.abs(x) < 2.0**62)
+        ints = pa.array(np.where(whole, x, 0).astype(np.int64)).cast(pa.string())
+        col = pc.if_else(pa.array(whole), ints, pc.cast(col, pa.string()))
+    elif pa.types.is_boolean(col.type):
+        col = pc.cast(pc.cast(col, pa.int8()), pa.string())
+    elif not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        col = pc.cast(col, pa.string())
+    col = pc.replace_substring(pc.cast(col, pa.string()), "\n", "\r")
+    return pc.fill_null(col, "")
+
+
+def criteo_rows(t: pa.Table, labels: bool) -> tuple[CriteoBlock, dict[int, str]]:
+    """Rows of Criteo's 40 columns in a table (a served model's request, a scored table's
+    block) read by this reader, as if they were TSV lines: -> the rows it accepts (``line``:
+    the row's position + 1) and why each other row is rejected, by position (the same reasons
+    preprocessing writes to rejects.tsv). ``labels=False``: the rows bring no label."""
+    n = t.num_rows
+    cols = [_criteo_text(t.column(c)) if c != "label" or labels else pa.array(["0"] * n)
+            for c in COLUMN_NAMES]
+    lines = pc.binary_join_element_wise(*cols, "\t")
+    buf = ("\n".join(lines.to_pylist()) + "\n").encode() if n else b""
+    found = _Found()
+    block = _parse_block(buf, 1, "rows", found) if n else _empty_block()
+    return block, found.reasons
+
+
+class _Found:
+    """Collects a block's rejected lines' reasons (a RejectLog's ``add``), by row position."""
+
+    def __init__(self):
+        self.reasons: dict[int, str] = {}
+
+    def add(self, source: str, line: int, reason: str, text: bytes) -> None:
+        self.reasons[line - 1] = reason
+
+
 def _record(rejects: RejectLog, source: str, found: list[tuple[int, str, bytes]]) -> None:
     """A chunk's rejected lines in line order (whichever check caught them), so the rejects file
     reads in input order whatever the chunk size or engine."""

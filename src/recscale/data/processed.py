@@ -24,6 +24,7 @@ from recscale.config import ConfigError, Validated, check, check_choice, to_dict
 from recscale.data.criteo import (
     CriteoBlock,
     RejectedRowsError,
+    criteo_rows,
 )
 from recscale.data.encode import Parsed, RowIds, encode, output_schema
 from recscale.data.schema import FittedSchema, criteo_schema, criteo_sparse_names
@@ -150,6 +151,26 @@ def criteo_parsed(block: CriteoBlock) -> Parsed:
         [RowIds(present[:, j], block.sparse[:, j].astype(np.int64))
          for j in range(block.sparse.shape[1])],
         np.zeros(n, bool))
+
+
+def criteo_table_parsed(t: pa.Table, labels: bool) -> Parsed:
+    """Rows of Criteo's columns in a table (a served request, a scored table's block) parsed by
+    the Criteo TSV reader, its rules and its reasons (``criteo.criteo_rows``), as the encoder
+    takes them: every row in place, the ones it rejects marked with their reason."""
+    block, reasons = criteo_rows(t, labels)
+    n, good = t.num_rows, block.line - 1
+    full = Parsed(n, np.zeros(n, np.int8), [], [], np.ones(n, bool), dict(reasons))
+    full.bad[good] = False
+    full.label[good] = block.label
+    for j in range(block.dense.shape[1]):
+        x, present = np.zeros(n), np.zeros(n, bool)
+        x[good], present[good] = block.dense[:, j], block.dense_present[:, j]
+        full.dense.append((x, present))
+    for j in range(block.sparse.shape[1]):
+        ids, present = np.zeros(n, np.int64), np.zeros(n, bool)
+        ids[good], present[good] = block.sparse[:, j], block.sparse_present[:, j]
+        full.keys.append(RowIds(present, ids))
+    return full
 
 
 class SplitWriter:

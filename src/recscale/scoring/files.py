@@ -31,7 +31,6 @@ import pyarrow.parquet as pq
 from recscale.config import ConfigError
 from recscale.data.criteo import RejectLog, count_lines, read_criteo_tsv
 from recscale.data.processed import criteo_parsed
-from recscale.data.schema import criteo_schema
 from recscale.data.table_preprocess import Unit, build_unit_histories, plan_units, unit_blocks
 from recscale.data.table_source import file_columns, source_files
 from recscale.evaluate.metrics import metrics_with_oracle
@@ -102,7 +101,7 @@ def check_source(scorer: RawScorer, source: str, files: Sequence[str], delimiter
                           f"{', '.join(SOURCES)}")
     if source == "criteo_tsv":
         schema = scorer.fitted.schema
-        if schema != criteo_schema(ids=schema.sparse[0].ids if schema.sparse else "hash"):
+        if not scorer.criteo:
             raise ConfigError(
                 "score.data.source='criteo_tsv' reads Criteo's 40 columns, but the model was "
                 f"trained on another schema (label {schema.label_column!r}, {len(schema.dense)} dense, "

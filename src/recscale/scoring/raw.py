@@ -22,8 +22,8 @@ import torch
 from recscale.config import ConfigError, parse
 from recscale.data.encode import Parsed, encode
 from recscale.data.loader import columns_of, to_batch
-from recscale.data.processed import PreprocessConfig
-from recscale.data.schema import FittedSchema
+from recscale.data.processed import PreprocessConfig, criteo_table_parsed
+from recscale.data.schema import FittedSchema, criteo_schema
 from recscale.data.table_parse import parse_block
 from recscale.data.table_source import needed_columns
 from recscale.data.vocab import Vocabulary, load_vocabulary
@@ -125,8 +125,17 @@ class RawScorer:
         """Raw rows -> parsed values and rejects, as preprocessing parses a table's rows;
         ``labels``: whether to read the label column (None: where ``has_labels`` says so)."""
         self.check_columns(t)
-        return parse_block(t, self.fitted.schema, self.max_bag_size,
-                           label=self.has_labels(t) if labels is None else labels)
+        labels = self.has_labels(t) if labels is None else labels
+        if self.criteo:  # Criteo's rows by its TSV reader's rules, as preprocessing read them
+            return criteo_table_parsed(t, labels)
+        return parse_block(t, self.fitted.schema, self.max_bag_size, label=labels)
+
+    @property
+    def criteo(self) -> bool:
+        """Whether the model was trained on the Criteo preset (its rows read by the Criteo
+        reader: 8-hex-digit ids, integer counts, labels 0 and 1)."""
+        schema = self.fitted.schema
+        return schema == criteo_schema(ids=schema.sparse[0].ids if schema.sparse else "hash")
 
     @torch.no_grad()
     def score_parsed(self, p: Parsed, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray,
