@@ -195,7 +195,7 @@ def test_the_runs_model_scores_raw_rows_as_the_evaluation_in_process_in_batch_an
         status, body = invoke(base, bad)
         assert status == 200
         assert [p["error"] for p in body["predictions"]] == [
-            None, "bad id: C3='not-hex' is not hexadecimal", None]
+            None, "C3: not an 8-digit hex id: 'not-hex'", None]  # preprocessing's reason
         assert body["predictions"][1]["probability"] is None
         status, body = invoke(base, frame.iloc[0:0])
         assert status == 200 and body["predictions"] == [], body
