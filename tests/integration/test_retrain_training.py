@@ -180,3 +180,23 @@ def test_a_retrain_with_a_time_split_holds_out_the_nights_latest_rows(tmp_path, 
     latest = np.argsort(np.concatenate([times[1], times[2]]))[-200:]
     assert sorted(test.tolist()) == sorted(latest.tolist())
     assert m["split_rule"]["by"] == "ts" and m["splits"]["validation"]["rows"] == 0
+
+
+def test_a_warm_start_trains_without_the_table_reset(monkeypatch, tmp_path):
+    """train.reinit_embeddings starts later epochs' tables from a fresh build's values: on a
+    warm start that would discard the warm model's rows, so the retrain turns it off there (and
+    keeps it for a cold start)."""
+    from recscale.retrain import DLRMRetrainConfig
+    from recscale.retrain import warm as warm_mod
+
+    seen = []
+    monkeypatch.setattr(warm_mod, "train_dlrm", lambda m, model, train, **kw: seen.append(train))
+    cfg = parse(DLRMRetrainConfig, {"train": {"epochs": 2, "reinit_embeddings": True},
+                                    "retrain": {"work_dir": str(tmp_path / "w"),
+                                                "model_dir": str(tmp_path / "m")}}, "")
+    manifest = {"table_sizes": [4, 4]}
+    warm_mod.train_warm(manifest, cfg, WarmStart("cold"), plan=object())
+    warm_mod.train_warm(manifest, cfg, WarmStart("latest", state={"w": torch.zeros(1)}),
+                        plan=object())
+    assert [t.reinit_embeddings for t in seen] == [True, False]
+    assert all(t.epochs == 2 for t in seen)

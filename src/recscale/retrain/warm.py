@@ -165,7 +165,14 @@ def train_warm(manifest: dict, cfg: DLRMRetrainConfig, warm: WarmStart | None = 
                              dir=str(checkpoint_dir) if checkpoint_dir else cfg.train.checkpoint.dir,
                              resume="latest" if resume else "never", init_from=init_from,
                              init_grow=init_from is not None and grow_from is not None)
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, checkpoint=ck))
+    train = dataclasses.replace(cfg.train, checkpoint=ck)
+    if train.reinit_embeddings and (state is not None or init_from is not None):
+        # the reset starts later epochs' tables from a fresh build's values: it would throw
+        # away what the warm model's tables hold
+        log.info("train.reinit_embeddings is off for this warm start (a reset would discard the "
+                 "warm model's table rows)")
+        train = dataclasses.replace(train, reinit_embeddings=False)
+    cfg = dataclasses.replace(cfg, train=train)
     return train_dlrm(manifest, cfg.model, cfg.train, plan=plan or plan_for_run(manifest, cfg),
                       comms=cfg.comms, sharding=cfg.sharding, init_state=state,
                       init_state_table_sizes=grow_from if state is not None else None)
