@@ -105,5 +105,5 @@ def test_default_config_reaches_the_oracle_auc_within_0_03_as_recorded_before_th
     print(f"lift over {lift['best']}: AUC {lift['lift.auc']:+.4f}, log loss {lift['lift.logloss']:+.4f}")
     assert lift["lift.auc"] > 0.02 and lift["lift.logloss"] > 0.02
     # the validation points ran, and the model is the best one's
-    assert out.result.extra["validation_points"] == 4
-    assert out.result.extra["best_step"] in (195, 391, 586, 782)
+    assert out.result.extra["validation_points"] == 8  # 4 an epoch, 2 epochs
+    assert out.result.extra["best_step"] in (195, 391, 586, 782, 977, 1173, 1368, 1564)
