@@ -4,8 +4,9 @@ Kedro training node does (``train_dlrm`` with the run's blocks), and the data an
     python -m tests.multihost.jobs drive SPEC.json OUT_DIR
 
 SPEC.json: {"manifest_dir", "config" (DLRMConfig blocks), "plan": "planner" | "mixed",
-"plan_cache": a directory (optional)}; the driver writes OUT_DIR/state.pt (the trained model),
-OUT_DIR/result.json (counters and the job's transitions).
+"plan_cache": a directory (optional), "start_when": a file (optional: once imported, the driver
+prints "waiting for <file>" and goes on when the file exists)}; the driver writes
+OUT_DIR/state.pt (the trained model), OUT_DIR/result.json (counters and the job's transitions).
 
 The planner is deterministic (the same inputs give the same plan, on any machine) and a plan of
 6 ranks takes it 13 to 40 s of CPU here (its exact stage); with "plan_cache" the driver keeps each
@@ -120,6 +121,8 @@ def drive(spec_path: str, out_dir: str) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("start_when") and not wait_for_file(spec["start_when"]):
+        sys.exit(3)
     if spec.get("plan_cache"):
         cache_plans(spec["plan_cache"])
     manifest = load_manifest(spec["manifest_dir"])
@@ -140,21 +143,29 @@ def drive(spec_path: str, out_dir: str) -> None:
          "transitions": r.transitions, "extra": r.extra}))
 
 
-def join_when(trigger: str, endpoint: str, timeout_s: float = 120.0) -> int:
-    """`recscale join --endpoint endpoint` once ``trigger`` exists, with torch and recscale
-    already imported (a host that comes back at a chosen moment, without the import's delay)."""
+def wait_for_file(trigger: str, timeout_s: float = 120.0) -> bool:
+    """Print "waiting for <trigger>" (what a test waits to read: this process is ready), then
+    wait until ``trigger`` exists, at most ``timeout_s`` s (False, said on stderr, if not)."""
     import time
 
-    import recscale.train.job_worker  # noqa: F401
-    from recscale.join import join_main
-
-    print(f"waiting for {trigger}", flush=True)  # imported: ready to join at once
+    print(f"waiting for {trigger}", flush=True)
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(trigger):
         if time.monotonic() > deadline:
             print(f"{trigger} did not appear within {timeout_s:g} s", file=sys.stderr)
-            return 3
+            return False
         time.sleep(0.05)
+    return True
+
+
+def join_when(trigger: str, endpoint: str, timeout_s: float = 120.0) -> int:
+    """`recscale join --endpoint endpoint` once ``trigger`` exists, with torch and recscale
+    already imported (a host that comes back at a chosen moment, without the import's delay)."""
+    import recscale.train.job_worker  # noqa: F401
+    from recscale.join import join_main
+
+    if not wait_for_file(trigger, timeout_s):
+        return 3
     return join_main(["--endpoint", endpoint, "--timeout", "60"])
 
 

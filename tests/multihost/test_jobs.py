@@ -4,6 +4,7 @@ the Kedro node does (tests/multihost/jobs.py drive), every other host runs `recs
 import json
 import os
 import random
+import selectors
 import shutil
 import subprocess
 import sys
@@ -57,9 +58,15 @@ def config(endpoint, world, nnodes, ckpt, **train):
                                      **train.pop("checkpoint", {})}, **train}}
 
 
-def drive_cmd(tmp, name, dataset, cfg, plan="planner"):
+def drive_cmd(tmp, name, dataset, cfg, plan="planner", start_when=None):
+    """The driver's command; ``start_when``: a file it waits for once imported (it prints
+    "waiting for" then: see ``ready``)."""
+    # the plans of this module's drivers, beside its dataset: a plan the planner made once is
+    # read back by every later driver given the same tables, ranks and options (jobs.py)
     spec = tmp / f"{name}.json"
-    spec.write_text(json.dumps({"manifest_dir": str(dataset), "config": cfg, "plan": plan}))
+    spec.write_text(json.dumps({"manifest_dir": str(dataset), "config": cfg, "plan": plan,
+                                "plan_cache": str(Path(dataset).parent / "plans"),
+                                "start_when": start_when and str(start_when)}))
     return [sys.executable, "-m", "tests.multihost.jobs", "drive", str(spec), str(tmp / name)]
 
 
@@ -68,31 +75,94 @@ def join_cmd(endpoint, timeout=60):
             str(timeout)]
 
 
-def wait(proc, who, timeout=180):
+def wait(proc, who, timeout=180, before=""):
+    """``proc``'s exit status and output (``before``: what ``ready`` read of it already)."""
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        pytest.fail(f"{who} did not finish within {timeout} s:\n{out[-4000:]}")
-    return proc.returncode, out
+        pytest.fail(f"{who} did not finish within {timeout} s:\n{(before + out)[-4000:]}")
+    return proc.returncode, before + out
 
 
 KW = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+SPLIT = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # as Host.run captures
 
 
-def start_job(hosts, tmp, name, dataset, cfg, plan="planner", joiner_cwd=None):
+def outputs(proc, who, timeout, before=""):
+    """A process started with SPLIT: its exit status, stdout (``before``: what ``ready`` read
+    of it already) and stderr."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{who} did not finish within {timeout} s:\n{(before + out)[-2000:]}\n"
+                    f"{err[-4000:]}")
+    return proc.returncode, before + out, err
+
+
+WAITING = "joining the job of the driver at"  # `recscale join`, imported, waits for the driver
+
+
+def ready(proc, text, who, timeout=60):
+    """Read ``proc``'s stdout (with its stderr under KW) until ``text`` shows, at most
+    ``timeout`` s; -> what it printed so far (pass it to ``wait`` or ``outputs`` as ``before``).
+    A joining host ready before the driver goes on from its imports reaches the driver's store
+    within its 0.2 s poll of the store opening."""
+    fd, got = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while text.encode() not in got:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                proc.wait(timeout=10)
+                pytest.fail(f"{who} did not print {text!r} within {timeout} s:\n"
+                            f"{got.decode(errors='replace')[-4000:]}")
+            if sel.select(min(left, 1.0)):
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:  # it ended
+                    proc.wait(timeout=10)
+                    pytest.fail(f"{who} ended ({proc.returncode}) before printing {text!r}:\n"
+                                f"{got.decode(errors='replace')[-4000:]}")
+                got += chunk
+    return got.decode(errors="replace")
+
+
+def join_when_cmd(trigger, endpoint):
+    """`recscale join --endpoint endpoint --timeout 60` (its join_main) once ``trigger`` exists,
+    imported before: prints "waiting for" when ready (jobs.py join-when)."""
+    return [sys.executable, "-m", "tests.multihost.jobs", "join-when", str(trigger), endpoint]
+
+
+def start_job(hosts, tmp, name, dataset, cfg, plan="planner", joiner_cwd=None,
+              joiners_first=False):
+    """The driver on host 0, `recscale join` on the others. ``joiners_first``: all start at
+    once, and the driver goes on from its imports once every joiner waits for it, so all reach
+    its store within their 0.2 s poll of it opening (their start-up on a loaded 2-core machine
+    can differ by seconds); -> (driver, joiners, what the driver printed before)."""
     ep = cfg["train"]["launch"]["rdzv_endpoint"]
-    driver = hosts[0].popen(drive_cmd(tmp, name, dataset, cfg, plan), env=_env(),
-                            cwd=PROJECT_ROOT, **KW)
-    joiners = [h.popen(join_cmd(ep), env=_env(), cwd=joiner_cwd or PROJECT_ROOT, **KW)
-               for h in list(hosts)[1:]]
-    return driver, joiners
+    go = tmp / f"{name}-go" if joiners_first else None
+    driver = hosts[0].popen(drive_cmd(tmp, name, dataset, cfg, plan, start_when=go),
+                            env=_env(), cwd=PROJECT_ROOT, **KW)
+    # joining first, a host waits for the driver's start-up too (its planning included)
+    joiners = [h.popen(join_cmd(ep, timeout=120 if joiners_first else 60), env=_env(),
+                       cwd=joiner_cwd or PROJECT_ROOT, **KW) for h in list(hosts)[1:]]
+    said = ""
+    if joiners_first:
+        for i, j in enumerate(joiners, 1):
+            ready(j, WAITING, f"host {i}")
+        said = ready(driver, f"waiting for {go}", "the driver")
+        go.touch()
+    return driver, joiners, said
 
 
 def run_job(hosts, tmp, name, dataset, cfg, plan="planner", joiner_cwd=None):
     """The driver on host 0, `recscale join` on every other host; -> the driver's output dir."""
-    driver, joiners = start_job(hosts, tmp, name, dataset, cfg, plan, joiner_cwd)
+    driver, joiners, _ = start_job(hosts, tmp, name, dataset, cfg, plan, joiner_cwd)
     rc, out = wait(driver, "the driver")
     assert rc == 0, out[-6000:]
     for i, j in enumerate(joiners, 1):
@@ -192,26 +262,28 @@ def resume_reference(tmp, name, dataset, ckpt, step, world, epochs):
 
 def lose_host_2(netns_hosts, dataset, tmp_path, epochs, kill_at):
     """A job on 3 hosts with nnodes 2:3 whose host 2 is SIGKILLed once step ``kill_at`` is done;
-    -> (hosts, endpoint, checkpoint dir, driver, joiners)."""
+    -> (hosts, endpoint, checkpoint dir, driver, joiners, what the driver printed before)."""
     hosts = netns_hosts(3)
     ep = f"{hosts[0].addr}:{PORT}"
     ckpt = tmp_path / "ck"
-    # the first round must hold all 3 hosts: the joiners reach the driver's store within 0.2 s of
-    # it opening, but their start-up on a loaded 2-core machine can differ by seconds; a round of
-    # 3 closes as soon as the third joins, so only the round after the loss waits this long
+    # the first round must hold all 3 hosts: the joiners wait for the driver before it starts,
+    # so they reach its store within their 0.2 s poll of it opening and the rendezvous within
+    # this of each other; a round of 3 closes as soon as the third joins, so only the round
+    # after the loss waits this long (and a returning host's round, should an agent be slow)
     cfg = config(ep, 6, "2:3", ckpt, epochs=epochs,
-                 launch={"max_restarts": 3, "last_call_s": 10})
-    driver, joiners = start_job(hosts, tmp_path, "job", dataset, cfg)
+                 launch={"max_restarts": 3, "last_call_s": 5})
+    driver, joiners, said = start_job(hosts, tmp_path, "job", dataset, cfg, joiners_first=True)
     wait_for(lambda: progress_step(ckpt) >= kill_at, f"step {kill_at}")
     hosts.kill_host(2)
-    return hosts, ep, ckpt, driver, joiners
+    return hosts, ep, ckpt, driver, joiners, said
 
 
 def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at_that_checkpoint(
         netns_hosts, dataset, tmp_path, seed):
     kill_at = random.Random(seed).randint(4, 10)
-    hosts, ep, ckpt, driver, joiners = lose_host_2(netns_hosts, dataset, tmp_path, 2, kill_at)
-    rc, out = wait(driver, "the driver")
+    hosts, ep, ckpt, driver, joiners, said = lose_host_2(netns_hosts, dataset, tmp_path, 2,
+                                                         kill_at)
+    rc, out = wait(driver, "the driver", before=said)
     assert rc == 0, out[-6000:]
     assert wait(joiners[0], "host 1")[0] == 0
     r = result(tmp_path / "job")
@@ -235,14 +307,13 @@ def test_losing_a_host_shrinks_the_job_which_finishes_equal_to_a_run_switched_at
 
 def test_a_returning_host_is_taken_back_at_the_next_restart_and_the_job_grows(
         netns_hosts, dataset, tmp_path):
-    hosts, ep, ckpt, driver, joiners = lose_host_2(netns_hosts, dataset, tmp_path, 3, 4)
+    hosts, ep, ckpt, driver, joiners, said = lose_host_2(netns_hosts, dataset, tmp_path, 3, 4)
     # host 2 comes back: `recscale join` again, started once the others went on without it
     trigger = tmp_path / "host2-back"
-    back = hosts[2].popen([sys.executable, "-m", "tests.multihost.jobs", "join-when",
-                           str(trigger), ep], env=_env(), cwd=PROJECT_ROOT, **KW)
+    back = hosts[2].popen(join_when_cmd(trigger, ep), env=_env(), cwd=PROJECT_ROOT, **KW)
     wait_for(lambda: len(events(ckpt)) >= 2, "the shrink")
     trigger.touch()
-    rc, out = wait(driver, "the driver")
+    rc, out = wait(driver, "the driver", before=said)
     assert rc == 0, out[-6000:]
     assert wait(joiners[0], "host 1")[0] == 0
     assert wait(back, "host 2, back")[0] == 0
@@ -265,12 +336,18 @@ def test_a_host_with_other_code_is_refused_naming_both_versions_and_the_driver_s
                     ignore=shutil.ignore_patterns("__pycache__"))
     with open(other_src / "recscale" / "train" / "loop.py", "a") as fh:
         fh.write("\n# a local change\n")
-    cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 8})
-    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
+    # the driver goes on from its imports once the joining host waits for it (which then reads
+    # the job within its 0.2 s poll of the store opening), so its rendezvous deadline can be short
+    cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 4})
+    go = tmp_path / "driver-go"
+    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg, start_when=go), env=_env(),
                             cwd=PROJECT_ROOT, **KW)
     joiner = hosts[1].popen(join_cmd(ep), cwd=PROJECT_ROOT, **KW, env=_env(
         PYTHONPATH=os.pathsep.join([str(other_src), str(PROJECT_ROOT)])))
-    jrc, jout = wait(joiner, "the joining host", timeout=60)
+    said = ready(joiner, WAITING, "the joining host")
+    dsaid = ready(driver, f"waiting for {go}", "the driver")
+    go.touch()
+    jrc, jout = wait(joiner, "the joining host", timeout=60, before=said)
     assert jrc == 2, jout[-3000:]
     from recscale.distributed.job_store import code_version
 
@@ -279,7 +356,7 @@ def test_a_host_with_other_code_is_refused_naming_both_versions_and_the_driver_s
     theirs = jout.split("this host runs recscale ")[1].split()[0]
     assert theirs != mine
     t0 = time.monotonic()
-    rc, out = wait(driver, "the driver", timeout=60)
+    rc, out = wait(driver, "the driver", timeout=60, before=dsaid)
     assert rc != 0 and time.monotonic() - t0 < 40
     assert "host(s) joined the rendezvous at" in out, out[-3000:]
 
@@ -300,7 +377,7 @@ def test_losing_the_driver_ends_the_job_clearly_and_rerunning_it_resumes_from_th
     ep = f"{hosts[0].addr}:{PORT}"
     ckpt = tmp_path / "ck"
     cfg = config(ep, 4, 2, ckpt, epochs=2, checkpoint={"resume": "latest"})
-    driver, joiners = start_job(hosts, tmp_path, "first", dataset, cfg)
+    driver, joiners, _ = start_job(hosts, tmp_path, "first", dataset, cfg)
     wait_for(lambda: progress_step(ckpt) >= 5, "step 5")
     t0 = time.monotonic()
     hosts.kill_host(0)
@@ -322,16 +399,20 @@ def test_losing_the_driver_ends_the_job_clearly_and_rerunning_it_resumes_from_th
 def test_a_host_that_cannot_see_the_data_fails_naming_the_path(netns_hosts, dataset, tmp_path):
     hosts = netns_hosts(2)
     ep = f"{hosts[0].addr}:{PORT}"
-    cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 10})
-    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
+    cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 4})
+    go = tmp_path / "driver-go"  # the driver goes on once host 1 waits for it (as above)
+    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg, start_when=go), env=_env(),
                             cwd=PROJECT_ROOT, **KW)
     # host 1 has its own mount namespace in which the data directory is an empty file system
     hidden = " ".join(join_cmd(ep))
     joiner = hosts[1].popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                              f"mount -t tmpfs none {dataset} && exec {hidden}"],
                             env=_env(), cwd=PROJECT_ROOT, **KW)
-    jrc, jout = wait(joiner, "host 1", timeout=120)
-    rc, out = wait(driver, "the driver", timeout=120)
+    said = ready(joiner, WAITING, "host 1")
+    dsaid = ready(driver, f"waiting for {go}", "the driver")
+    go.touch()
+    jrc, jout = wait(joiner, "host 1", timeout=120, before=said)
+    rc, out = wait(driver, "the driver", timeout=120, before=dsaid)
     assert jrc == 2 and rc != 0
     assert "host(s) joined the rendezvous" in out, out[-3000:]
     assert f"this host cannot read {dataset}/" in jout and "every host must see the data" in jout, \
@@ -366,20 +447,27 @@ def test_hosts_without_the_jobs_secret_or_with_another_are_refused_and_the_job_t
     hosts = netns_hosts(3)
     ep = f"{hosts[0].addr}:{PORT}"
     cfg = config(ep, 4, 2, tmp_path / "ck", max_steps=4, launch={"rdzv_timeout_s": 60})
+    # host 1 holds the secret; it starts now (its imports beside the others') and joins once
+    # both of host 2's attempts were refused
+    trigger = tmp_path / "host1-go"
+    joiner = hosts[1].popen(join_when_cmd(trigger, ep), env=_env(), cwd=PROJECT_ROOT, **KW)
     driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
                             cwd=PROJECT_ROOT, **KW)
     stranger = tmp_path / "stranger"  # host 2's working directory: it must stay empty
     stranger.mkdir()
-    for env, why in ((_env(RECSCALE_JOB_SECRET=None), "this host has no secret for the job: "
-                      "pass --secret-file"),
-                     (_env(RECSCALE_JOB_SECRET="not-the-jobs"), "this host's secret is not the "
-                      "driver's")):
-        t0 = time.monotonic()
-        res = hosts[2].run(join_cmd(ep, timeout=60), env=env, cwd=stranger, timeout=90)
-        assert res.returncode == 2, res.stdout + res.stderr
-        assert why in res.stderr, res.stderr[-2000:]
+    # host 2's two attempts at once (each its own `recscale join`, neither needs the other)
+    attempts = [(time.monotonic(), why, hosts[2].popen(join_cmd(ep, timeout=60), env=env,
+                                                       cwd=stranger, **SPLIT))
+                for env, why in ((_env(RECSCALE_JOB_SECRET=None), "this host has no secret for "
+                                  "the job: pass --secret-file"),
+                                 (_env(RECSCALE_JOB_SECRET="not-the-jobs"), "this host's secret "
+                                  "is not the driver's"))]
+    for t0, why, attempt in attempts:
+        arc, aout, aerr = outputs(attempt, "host 2", timeout=90)
+        assert arc == 2, aout + aerr
+        assert why in aerr, aerr[-2000:]
         assert time.monotonic() - t0 < 60
-    joiner = hosts[1].popen(join_cmd(ep), env=_env(), cwd=PROJECT_ROOT, **KW)
+    trigger.touch()
     rc, out = wait(driver, "the driver")
     assert rc == 0, out[-6000:]
     assert wait(joiner, "host 1")[0] == 0
@@ -387,11 +475,23 @@ def test_hosts_without_the_jobs_secret_or_with_another_are_refused_and_the_job_t
     assert not list(stranger.iterdir()), "a refused host wrote into its working directory"
 
 
+# waits for the driver's store (polling as `recscale join` does: TCPStore's own connect retries
+# back off to seconds apart), then rewrites the job it published
 REWRITE = """
-import json, sys
+import json, socket, sys, time
 from datetime import timedelta
 import torch.distributed as dist
 host, port = sys.argv[1].rsplit(":", 1)
+print("waiting for the store", flush=True)
+deadline = time.monotonic() + 60
+while True:
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.05)
 store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
 job = json.loads(store.get("recscale/job"))  # waits for the driver to publish it
 job["spec"]["payload"]["out_dir"] = "/etc/recscale"
@@ -408,23 +508,33 @@ def test_a_job_rewritten_in_the_store_by_a_third_host_is_refused_and_the_driver_
     hosts = netns_hosts(3)
     ep = f"{hosts[0].addr}:{PORT}"
     ckpt = tmp_path / "ck"
-    cfg = config(ep, 4, 2, ckpt, max_steps=4, launch={"rdzv_timeout_s": 15})
-    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg), env=_env(),
-                            cwd=PROJECT_ROOT, **KW)
-    rewrite = hosts[2].run([sys.executable, "-c", REWRITE, ep], env=_env(RECSCALE_JOB_SECRET=None),
-                           cwd=PROJECT_ROOT, timeout=90)
-    assert "rewritten" in rewrite.stdout, rewrite.stderr[-2000:]
+    # host 2 and host 1 (the latter told to join once the job was rewritten) are imported and
+    # waiting before the driver goes on from its imports: the rewrite and host 1's refusal
+    # follow the store's opening within a second, so the driver's rendezvous deadline can be short
+    cfg = config(ep, 4, 2, ckpt, max_steps=4, launch={"rdzv_timeout_s": 5})
     here = tmp_path / "host1"
     here.mkdir()
+    trigger, go = tmp_path / "host1-go", tmp_path / "driver-go"
+    driver = hosts[0].popen(drive_cmd(tmp_path, "job", dataset, cfg, start_when=go), env=_env(),
+                            cwd=PROJECT_ROOT, **KW)
+    host1 = hosts[1].popen(join_when_cmd(trigger, ep), env=_env(), cwd=here, **SPLIT)
+    rewrite = hosts[2].popen([sys.executable, "-c", REWRITE, ep],
+                             env=_env(RECSCALE_JOB_SECRET=None), cwd=PROJECT_ROOT, **SPLIT)
+    said1 = ready(host1, f"waiting for {trigger}", "host 1")
+    said2 = ready(rewrite, "waiting for the store", "host 2")
+    dsaid = ready(driver, f"waiting for {go}", "the driver")
+    go.touch()
+    _, rout, rerr = outputs(rewrite, "host 2's rewrite", timeout=90, before=said2)
+    assert "rewritten" in rout, rerr[-2000:]
     t0 = time.monotonic()
-    res = hosts[1].run(join_cmd(ep, timeout=60), env=_env(), cwd=here, timeout=90)
-    assert res.returncode == 2, res.stdout + res.stderr
-    assert f"the job at {ep} was altered after the driver signed it" in res.stderr, \
-        res.stderr[-2000:]
+    trigger.touch()
+    jrc, jout, jerr = outputs(host1, "host 1", timeout=90, before=said1)
+    assert jrc == 2, jout + jerr
+    assert f"the job at {ep} was altered after the driver signed it" in jerr, jerr[-2000:]
     assert time.monotonic() - t0 < 30
     assert not list(here.iterdir()) and not Path("/etc/recscale").exists()
     t0 = time.monotonic()
-    rc, out = wait(driver, "the driver", timeout=120)
+    rc, out = wait(driver, "the driver", timeout=120, before=dsaid)
     assert rc != 0 and time.monotonic() - t0 < 60
     assert "fewer than 2 host(s) joined the rendezvous at" in out, out[-3000:]
     assert not list(ckpt.glob("*/step-*")), "a checkpoint was written"
