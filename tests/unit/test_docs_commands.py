@@ -120,10 +120,11 @@ def _check_kedro_run(where: str, words: list[str]) -> None:
     known = register_pipelines()
     for name in filter(None, pipelines):
         assert name in known, f"{where}: pipeline {name!r} is not registered ({sorted(known)})"
-    if env and "<" not in env:
+    written = env and env.startswith("tuned_")  # the tune pipeline writes conf/tuned_<study>/
+    if env and "<" not in env and not written:
         assert (PROJECT_ROOT / "conf" / env).is_dir(), f"{where}: env {env!r} has no conf folder"
-    loader = CONFIG_LOADER_CLASS(str(PROJECT_ROOT / "conf"),
-                                 env=env if env and "<" not in env else "local",
+    shipped = env and "<" not in env and (PROJECT_ROOT / "conf" / env).is_dir()
+    loader = CONFIG_LOADER_CLASS(str(PROJECT_ROOT / "conf"), env=env if shipped else "local",
                                  **CONFIG_LOADER_ARGS)
     merged = _deep(_deep(loader["parameters"], params), _runtime(opts.get("params", "")))
     check_blocks(merged, PARAMETER_BLOCKS, f"{where}: parameters")
