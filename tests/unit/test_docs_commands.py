@@ -87,13 +87,6 @@ def _options(words: list[str]) -> dict[str, str]:
     return opts
 
 
-def _deep(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _runtime(value: str) -> dict:
     from omegaconf import OmegaConf
 
@@ -124,9 +117,11 @@ def _check_kedro_run(where: str, words: list[str]) -> None:
     if env and "<" not in env and not written:
         assert (PROJECT_ROOT / "conf" / env).is_dir(), f"{where}: env {env!r} has no conf folder"
     shipped = env and "<" not in env and (PROJECT_ROOT / "conf" / env).is_dir()
+    # as `kedro run` does: --params given replace the run file's; the loader merges them in
+    runtime = _runtime(opts["params"]) if opts.get("params") else params
     loader = CONFIG_LOADER_CLASS(str(PROJECT_ROOT / "conf"), env=env if shipped else "local",
-                                 **CONFIG_LOADER_ARGS)
-    merged = _deep(_deep(loader["parameters"], params), _runtime(opts.get("params", "")))
+                                 runtime_params=runtime, **CONFIG_LOADER_ARGS)
+    merged = loader["parameters"]
     check_blocks(merged, PARAMETER_BLOCKS, f"{where}: parameters")
     parse(DLRMRetrainConfig, {b: merged.get(b) for b in RETRAIN_BLOCKS}, "")
     parse(ScoreConfig, merged.get("score"), "score")
