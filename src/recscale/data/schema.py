@@ -1,4 +1,8 @@
-"""The feature schema: which column is the label, which are dense features and how each is
+"""One file (over 500 lines): the schema's types check each other (a history takes its item
+feature's table and id policy, shared tables agree, the fitted schema re-parses the schema), so
+the feature kinds, the schema and its fitted form are read together.
+
+The feature schema: which column is the label, which are dense features and how each is
 transformed, which are categorical features (one id per row) or multi-hot features (a bag of ids
 per row), and which embedding table each one looks its ids up in, with that table's rows and dim.
 

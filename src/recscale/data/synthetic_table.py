@@ -1,4 +1,8 @@
-"""Synthetic click data for any feature schema, with a planted model, so the best achievable AUC
+"""One file (over 500 lines): the planted model draws every column and its effect on the logit
+in one pass over a block (attributes follow their owner's ids, crosses read the drawn bags), so
+the drawing and the model are one object; its config and writer are what is around it.
+
+Synthetic click data for any feature schema, with a planted model, so the best achievable AUC
 is known (the Criteo preset has its own generator, ``recscale.data.synthetic``).
 
 Each row holds the schema's source columns. A categorical feature's ids are drawn from a Zipf law
