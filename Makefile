@@ -41,13 +41,13 @@ run: install
 bench-preprocess: install system-packages
 	nice -n 5 $(BIN)/python benchmarks/bench_preprocess.py
 
-# the unit, planner and end-to-end tests on both cores at once (pytest-xdist; an e2e module's
-# tests on one worker, as they share its runs): single-process Python, or `kedro run`s whose work
-# is mostly one core's; then everything that starts ranks or hosts of its own, one test at a time
-# (two at once gained nothing there). Both halves run whatever the first's result, each in its own
-# random order (its seed printed)
+# the unit, planner and end-to-end tests on both cores at once (pytest-xdist; a file's tests on
+# one worker, as an e2e file's tests share its runs): single-process Python, or `kedro run`s whose
+# work is mostly one core's; then everything that starts ranks or hosts of its own, one test at a
+# time (two at once gained nothing there). Both halves run whatever the first's result, each in
+# its own random order (its seed printed)
 test: install system-packages airflow
-	$(BIN)/python -m pytest tests/unit tests/planner tests/e2e -n 2 --dist loadgroup; a=$$?; \
+	$(BIN)/python -m pytest tests/unit tests/planner tests/e2e -n 2 --dist loadfile; a=$$?; \
 	$(BIN)/python -m pytest --ignore=tests/unit --ignore=tests/planner --ignore=tests/e2e; b=$$?; \
 	test $$a -eq 0 -a $$b -eq 0
 

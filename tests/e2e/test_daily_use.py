@@ -67,7 +67,7 @@ def _state(proj, model):
             "latest": (latest.stat().st_mtime_ns, latest.read_bytes()) if latest.exists() else None}
 
 
-@pytest.fixture(scope="session")  # made once a run: tests/e2e/conftest.py
+@pytest.fixture(scope="session")  # made once, whatever runs between this file's tests
 def daily(tmp_path_factory, test_seed):
     proj = make_project_copy(tmp_path_factory.mktemp("daily"), base_sizes_from="test")
     rng = random.Random(test_seed)

@@ -33,7 +33,7 @@ def _runs(proj, pipeline="dlrm"):
     return runs[runs["tags.kedro.pipeline"] == pipeline], mlflow.MlflowClient()
 
 
-@pytest.fixture(scope="session")  # made once a run: tests/e2e/conftest.py
+@pytest.fixture(scope="session")  # made once, whatever runs between this file's tests
 def clicklog(tmp_path_factory):
     proj = make_project_copy(tmp_path_factory.mktemp("clicklog"))
     kedro(proj, "run", "--pipelines=dlrm", "--env=clicklog", f"--params={TOY}")

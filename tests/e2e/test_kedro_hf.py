@@ -11,7 +11,7 @@ from tests.e2e.project import kedro, make_project_copy, run_in_process
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="session")  # made once a run: tests/e2e/conftest.py
+@pytest.fixture(scope="session")  # made once, whatever runs between this file's tests
 def finished_run(tmp_path_factory):
     proj = make_project_copy(tmp_path_factory.mktemp("e2e_hf"))
     res = kedro(proj, "run", "--pipelines=hf", "--env=test")

@@ -22,7 +22,7 @@ ROWS = 40000
 TOY = f"data.generator.num_rows={ROWS},train.log_every=10"
 
 
-@pytest.fixture(scope="session")  # made once a run: tests/e2e/conftest.py
+@pytest.fixture(scope="session")  # made once, whatever runs between this file's tests
 def ratings(tmp_path_factory):
     proj = make_project_copy(tmp_path_factory.mktemp("ratings"))
     kedro(proj, "run", "--pipelines=dlrm", "--env=ratings", f"--params={TOY}")
