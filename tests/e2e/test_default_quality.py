@@ -1,7 +1,7 @@
 """The default synthetic config (conf/base) trains to within 0.03 AUC of the generator's oracle,
 beats the cheap baselines on the same rows, and its run is the one recorded
-(tests/e2e/golden/default_run.json): the parquet bytes and plan of the run before the feature
-schema, the manifest, and on the recorded machine's CPU a bitwise identical model.
+(tests/e2e/golden/default_run.json): the parquet bytes, the manifest, the plan, and on the
+recorded machine's CPU a bitwise identical model.
 
 This runs the library path of `kedro run --pipelines=dlrm` at full default size (about a minute
 on 2 cores), because the claim is about the default configuration itself.
@@ -68,7 +68,7 @@ def _cpu_model() -> str:
         return ""
 
 
-def test_default_config_reaches_the_oracle_auc_within_0_03_as_recorded_before_the_schema(
+def test_default_config_reaches_the_oracle_auc_within_0_03_as_recorded(
         tmp_path):
     params = yaml.safe_load((PROJECT_ROOT / "conf/base/parameters_dlrm.yml").read_text())
     data = parse(DataConfig, {**params["data"], "raw_dir": str(tmp_path / "raw")}, "data")
@@ -79,7 +79,7 @@ def test_default_config_reaches_the_oracle_auc_within_0_03_as_recorded_before_th
     preprocess_criteo(raw["files"], tmp_path / "pq", parse(PreprocessConfig, pre, "preprocess"),
                       raw["cardinalities"])
     man = load_manifest(tmp_path / "pq")
-    # the Criteo preset writes what the code before the schema wrote, and the schema besides
+    # the Criteo preset (with a vocabulary of the train split's ids) writes the recorded bytes
     assert {s: [_sha(f) for f in man["splits"][s]["files"]] for s in man["splits"]} \
         == GOLDEN["files"]
     assert _relative_manifest(man, tmp_path) == GOLDEN["manifest"]
