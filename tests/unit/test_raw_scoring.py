@@ -186,7 +186,7 @@ def test_batch_scoring_a_table_writes_every_row_in_order_with_the_evaluation_sco
     assert 0.3 < rep.metrics["auc"] < 0.8  # weights at random: the metrics of what it scored
 
 
-def _criteo(tmp_path, seed):
+def _criteo(tmp_path, seed, ids="hash"):
     from recscale.data.preprocess import preprocess_criteo
     from recscale.data.synthetic import generate_criteo_tsv
     from tests.conftest import small_synthetic_config
@@ -200,7 +200,7 @@ def _criteo(tmp_path, seed):
     raw = tmp_path / "raw.tsv"
     raw.write_bytes(b"".join(lines))
     cfg = PreprocessConfig(output_dir=str(tmp_path / "out"), row_group_size=512,
-                           max_table_size=300)
+                           max_table_size=300, ids=ids)
     man = load_manifest(preprocess_criteo([raw], tmp_path / "out", cfg).manifest_path)
     resolved = {"model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
                 "schema": FittedSchema.of(man).to_dict(), "train": {"seed": 1},
@@ -208,12 +208,15 @@ def _criteo(tmp_path, seed):
     return raw, man, resolved
 
 
+@pytest.mark.parametrize("ids", ["vocab", "hash"])  # conf/base's ids, and conf/test's
 def test_criteo_tsv_lines_and_criteo_rows_in_a_frame_score_as_the_evaluation_path(tmp_path,
-                                                                                   seed):
-    raw, man, resolved = _criteo(tmp_path, seed)
+                                                                                   seed, ids):
+    raw, man, resolved = _criteo(tmp_path, seed, ids)
     model, state = _model_state(resolved, seed)
     ref = score_split(model, man, "test", 512)
-    scorer = RawScorer.load(resolved, state)
+    if ids == "vocab":  # the rows' ids went through a vocabulary, which serving must read
+        assert pq.read_metadata(man["vocabulary_path"]).num_rows > 0
+    scorer = RawScorer.load(resolved, state, man["vocabulary_path"] if ids == "vocab" else None)
     rep = score_files(scorer, [raw], tmp_path / "scores.parquet", "criteo_tsv",
                       chunk_bytes=1 << 14)
     out = pq.read_table(rep.out_path).to_pandas()
