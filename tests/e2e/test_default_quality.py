@@ -84,7 +84,8 @@ def test_default_config_reaches_the_oracle_auc_within_0_03_as_recorded(
         == GOLDEN["files"]
     assert _relative_manifest(man, tmp_path) == GOLDEN["manifest"]
     fitted = FittedSchema.of(man)
-    assert fitted.schema == criteo_schema() and list(fitted.table_rows) == man["table_sizes"]
+    assert fitted.schema == criteo_schema(ids=pre["ids"]) \
+        and list(fitted.table_rows) == man["table_sizes"]
     cfg = parse(DLRMConfig, {**params, "train": train}, "")
     plan = plan_for_run(man, cfg).to_dict()
     plan.get("summary", {}).pop("planning_seconds", None)
