@@ -194,12 +194,17 @@ def test_calibrations_taken_apart_merge_into_one_topology(calibrated):
             for part, pts in calibrated.points.items()}
     merged = fit_calibration(ONE, median_of_rounds([calibrated.points, slow, slow]), TINY, 26)
     # every time doubled (the median of one sweep and two slow ones): twice the seconds per
-    # item (the tiny calibration's rates may fit at their caps: only the seconds are compared)
+    # item (the tiny calibration's rates may fit at their caps: only the seconds are compared).
+    # The compute tier's exactly; a slow tier's within 1%: its fit subtracts what the compute
+    # tier's fit says the hits cost, and a bandwidth fitted at its cap (1e12 B/s) stays there
+    # rather than halving (a run measured ssd_row_s 0.22% off)
     per_item = [k for k in CALIBRATED if k.endswith("_s") and getattr(calibrated.topology, k)]
     assert per_item
+    slow_tiers = tuple(f"{t}_" for t in ("hbm", "ddr", "ssd") if t != ONE.compute_tier)
     for k in per_item:
+        rel = 1e-2 if k.startswith(slow_tiers) else 1e-3
         assert getattr(merged.topology, k) == pytest.approx(2 * getattr(calibrated.topology, k),
-                                                            rel=1e-3), k
+                                                            rel=rel), k
 
 
 def test_calibrations_kept_beside_the_topology_merge_into_their_median(calibrated, tmp_path,
