@@ -1,6 +1,7 @@
 """conf/mlperf_dcnv2 (DLRM-DCNv2 on multi-hot data) end to end at toy size: the dlrm pipeline in
 this process with the env's parameters, only rows and paths made small."""
 
+import pyarrow.parquet as pq
 import pytest
 
 from recscale.data.preprocess import load_manifest
@@ -29,6 +30,13 @@ def test_mlperf_dcnv2_env_trains_dcn_on_multi_hot_bags_and_reports_the_oracle(tm
     manifest = load_manifest(tmp_path / "pq")
     kinds = {f["kind"] for f in manifest["schema"]["schema"]["sparse"]}
     assert kinds == {"multi_hot"} and manifest["rows_rejected"] == 0
+    # the env's ids: a vocabulary of the train split, a table row per kept id and row 0
+    assert manifest["ids"] == "vocab" and manifest["vocabulary_path"]
+    vocab = pq.read_table(manifest["vocabulary_path"]).group_by("feature").aggregate(
+        [("id", "count")]).to_pydict()
+    kept = dict(zip(vocab["feature"], vocab["id_count"]))
+    names = [f["name"] for f in manifest["schema"]["schema"]["sparse"]]
+    assert manifest["table_sizes"] == [kept.get(n, 0) + 1 for n in names]
     assert manifest["pooling_factors"][20] > 50  # C21: MLPerf's 100-id bags, minus missing ones
     metrics = out["training_metrics"].load()
     assert metrics["samples"]["value"] == 16_000  # every training row, once

@@ -13,6 +13,7 @@ from recscale.data.loader import LoaderConfig, make_loader, regroup
 from recscale.data.multihot import generate_multihot_parquet, preprocess_multihot, raw_schema
 from recscale.data.preprocess import PreprocessConfig, load_manifest
 from recscale.data.synthetic import MLPERF_MULTI_HOT_SIZES
+from recscale.data.vocab import VocabConfig
 from recscale.evaluate import auc_score, oracle_auc
 from recscale.sharding.from_data import table_specs_from_manifest
 from tests.conftest import small_synthetic_config
@@ -136,3 +137,39 @@ def test_users_parquet_source_goes_through_the_multi_hot_path(tmp_path):
     with pytest.raises(ConfigError, match=r"other.parquet: column 'I1' \(features.dense\[0\] "
                        r"\(I1\)\) is missing"):
         preprocess_multihot([tmp_path / "other.parquet"], tmp_path / "o", PreprocessConfig())
+
+
+def test_vocab_ids_look_up_the_train_splits_vocabulary_and_unseen_ids_get_row_0(generated,
+                                                                                 tmp_path):
+    """preprocess.ids: vocab on multi-hot bags: every id of a bag becomes its index in its
+    feature's vocabulary, counted over the train split's bags only (min_count 2: rarer ids, and
+    ids the train rows never hold, look up row 0), each table as many rows as its vocabulary."""
+    cfg, rep, *_ = generated
+    pcfg = PreprocessConfig(row_group_size=700, splits=(0.8, 0.1, 0.1), ids="vocab",
+                            vocab=VocabConfig(min_count=2))
+    pre = preprocess_multihot([rep.path], tmp_path / "out", pcfg, rep.cardinalities)
+    manifest = load_manifest(tmp_path / "out")
+    assert pre.rows_written == cfg.num_rows and manifest["ids"] == "vocab"
+    raw = pq.read_table(rep.path)
+    n_train = manifest["splits"]["train"]["rows"]
+    vocab = pq.read_table(manifest["vocabulary_path"]).to_pandas()
+    have = [[] for _ in SPARSE_NAMES]
+    for split in ("train", "validation", "test"):
+        for b in make_loader(manifest["splits"][split]["files"], LoaderConfig(batch_size=512)):
+            per = b.sparse.lengths.numpy().sum(axis=1)
+            for j, part in enumerate(np.split(b.sparse.values.numpy(), np.cumsum(per)[:-1])):
+                have[j].append(part)
+    for j, c in enumerate(SPARSE_NAMES):
+        v = vocab[vocab.feature == c]
+        ids, counts = np.unique(pc.list_flatten(raw.column(c).slice(0, n_train)).to_numpy(),
+                                return_counts=True)
+        assert dict(zip(v.id.tolist(), v["count"].tolist())) == \
+            dict(zip(ids[counts >= 2].tolist(), counts[counts >= 2].tolist())), c
+        assert sorted(v["index"]) == list(range(1, len(v) + 1))
+        assert manifest["table_sizes"][j] == len(v) + 1
+        index = dict(zip(v.id.tolist(), v["index"].tolist()))
+        want = np.asarray([index.get(i, 0) for i in
+                           pc.list_flatten(raw.column(c)).to_numpy().tolist()], np.int64)
+        assert np.array_equal(np.concatenate(have[j]), want), c
+    rare = vocab.groupby("feature").size()
+    assert (rare < np.asarray(rep.cardinalities)[[SPARSE_NAMES.index(f) for f in rare.index]]).any()

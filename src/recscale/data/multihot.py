@@ -14,7 +14,9 @@ every row is written beside the file (``.oracle.npy``), so the oracle AUC stays 
 Preprocessing (``preprocess_multihot``) is the table path of ``recscale.data.table_preprocess``
 with this format's schema (``multihot_schema``): every bag checked (at most ``max_bag_size`` ids,
 no negative id, no null inside a list), each rejected row's number and reason in
-``rejects.tsv``, ids hashed modulo the table sizes, the splits written with list columns; the
+``rejects.tsv``, ids hashed modulo the table sizes (``preprocess.ids: hash``) or looked up in a
+vocabulary of the train split's ids (``vocab``, with ``preprocess.vocab``'s threshold and cap:
+each table as many rows as its vocabulary), the splits written with list columns; the
 manifest's pooling factors are the mean bag sizes measured in the data.
 """
 
@@ -50,6 +52,7 @@ from recscale.data.synthetic import (
 )
 from recscale.data.table_preprocess import preprocess_table_pyarrow
 from recscale.data.table_source import check_columns, source_files
+from recscale.data.vocab import VocabConfig
 
 log = logging.getLogger(__name__)
 
@@ -163,13 +166,19 @@ def generate_multihot_parquet(cfg: SyntheticConfig, path: str | os.PathLike,
     return report
 
 
-def multihot_schema(table_sizes: Sequence[int], max_bag_size: int) -> FeatureSchema:
+def multihot_schema(table_sizes: Sequence[int], max_bag_size: int, ids: str = "hash",
+                    vocab: VocabConfig | None = None) -> FeatureSchema:
     """The multi-hot Criteo preset read from the raw format: counts clipped at 0 then log1p,
-    each C feature's list (at most ``max_bag_size`` ids, none negative) hashed into its table."""
-    preset = criteo_schema(kind="multi_hot", id_type="int")
+    each C feature's list (at most ``max_bag_size`` ids, none negative) hashed into its table
+    (``table_sizes``), or with ``ids="vocab"`` looked up in a vocabulary of the train split
+    (``vocab``'s threshold and cap; the tables sized by it, ``table_sizes`` unread)."""
+    preset = criteo_schema(kind="multi_hot", id_type="int", ids=ids)
+    vocab = vocab or VocabConfig()
+    per_id = {"min_count": vocab.min_count, "max_size": vocab.max_size} if ids == "vocab" else {}
     return dataclasses.replace(
-        preset, sparse=tuple(dataclasses.replace(f, max_len=max_bag_size) for f in preset.sparse),
-        tables=tuple(EmbeddingTable(f.name, rows=int(r))
+        preset, sparse=tuple(dataclasses.replace(f, max_len=max_bag_size, **per_id)
+                             for f in preset.sparse),
+        tables=tuple(EmbeddingTable(f.name, rows=None if ids == "vocab" else int(r))
                      for f, r in zip(preset.sparse, table_sizes, strict=True)))
 
 
@@ -185,10 +194,11 @@ def preprocess_multihot(
     the table path (``recscale.data.table_preprocess``) with the multi-hot Criteo preset. Rows
     written + rows rejected = rows read; more than ``cfg.max_reject_fraction`` rejected raises
     RejectedRowsError."""
-    if cfg.engine != "pyarrow" or cfg.ids != "hash":
-        raise ConfigError(f"multi-hot input is preprocessed with preprocess.engine='pyarrow' and "
-                          f"preprocess.ids='hash' only (got engine={cfg.engine!r}, ids={cfg.ids!r})")
-    schema = multihot_schema(cfg.resolve_table_sizes(table_size_hint), cfg.max_bag_size)
+    if cfg.engine != "pyarrow":
+        raise ConfigError(f"multi-hot input is preprocessed with preprocess.engine='pyarrow' only "
+                          f"(got {cfg.engine!r})")
+    schema = multihot_schema(cfg.resolve_table_sizes(table_size_hint), cfg.max_bag_size,
+                             cfg.ids, cfg.vocab)
     files = source_files(files)
     check_columns(files, schema, ",")
     return preprocess_table_pyarrow(files, out_dir, cfg, schema, progress=progress)
