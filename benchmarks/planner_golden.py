@@ -4,6 +4,8 @@
     PYTHONPATH=src .venv/bin/python benchmarks/planner_golden.py --write    # record anew
     ... --out /tmp/planner_golden.json.gz --only rand  # full outputs of the matching cases
 
+    ... --fast                   # the cases under 0.5 s when recorded (tests/planner runs these)
+
 A refactor of ``recscale.sharding`` that must not change any plan is checked with this script:
 every case's output (``plan.to_dict()`` without ``planning_seconds``, the text report, the
 traffic estimate; or, for a failing input, the exception's type, message and attributes) is
@@ -44,6 +46,10 @@ from recscale.sharding.traffic import estimate_comm_bytes
 
 HERE = Path(__file__).resolve().parent
 HASHES = HERE / "planner_golden.sha256.json"
+# the cases that planned in under FAST_S seconds when the hashes were last written (all of them):
+# tests/planner/test_planner_golden.py runs these (--fast), this script all
+FAST = HERE / "planner_golden.fast.txt"
+FAST_S = 0.5
 sys.path.insert(0, str(HERE))
 import bench_planner as bench  # noqa: E402
 
@@ -423,20 +429,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="also write all outputs here (.json or .json.gz)")
     ap.add_argument("--only", default=None, help="run the cases whose name contains this")
     ap.add_argument("--list", action="store_true", help="list the case names and exit")
+    ap.add_argument("--fast", action="store_true",
+                    help=f"run the cases of {FAST.name} only (those under {FAST_S} s when recorded)")
     ap.add_argument("--compare", default=None,
                     help="outputs of the old code (--out): compare the plans' maxima")
     args = ap.parse_args(argv)
     cases = all_cases()
     if args.only:
         cases = {k: v for k, v in cases.items() if args.only in k}
+    if args.fast:
+        fast = set(FAST.read_text().splitlines())
+        cases = {k: v for k, v in cases.items() if k in fast}
     if args.list:
         print("\n".join(cases))
         return 0
-    outputs, hashes = {}, {}
+    outputs, hashes, seconds = {}, {}, {}
     n_err = 0
     t0 = time.perf_counter()
     for name, fn in cases.items():
+        t = time.perf_counter()
         out = run_case(fn)
+        seconds[name] = time.perf_counter() - t
         text = canonical(out)
         hashes[name] = hashlib.sha256(text.encode()).hexdigest()
         if args.out or args.compare:
@@ -457,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             hashes = {**old, **hashes}
         HASHES.write_text(json.dumps(hashes, indent=0, sort_keys=True) + "\n")
         print(f"hashes written to {HASHES}")
+        if not (args.only or args.fast):
+            fast = sorted(k for k, sec in seconds.items() if sec < FAST_S)
+            FAST.write_text("\n".join(fast) + "\n")
+            print(f"{len(fast)} cases under {FAST_S} s written to {FAST}")
         return 0
     if not HASHES.exists():
         print(f"no {HASHES.name}: run with --write first")
@@ -468,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"DIFFERS: {k}")
     for k in missing:
         print(f"not recorded: {k}")
-    if not args.only:
+    if not (args.only or args.fast):
         for k in sorted(set(golden) - set(cases)):
             print(f"recorded but not run: {k}")
     ok = not differ and not missing
