@@ -353,3 +353,21 @@ def row_recording_train_worker(manifest: dict, model_d: dict, train_d: dict, com
                                                             plan_d, out_dir, run_id, observer)
     finally:
         ShardedStep.run = run
+
+
+@worker_entry
+def plan_diverging_train_worker(manifest: dict, model_d: dict, train_d: dict, comms_d: dict,
+                                plan_d: dict, out_dir: str, run_id: str = "run",
+                                observer=None) -> dict:
+    """``sharded_train_worker`` whose rank 1 was handed another plan of the same tables
+    (``out_dir/other_plan.json``), as a host of another CPU may plan when a job replans."""
+    import inspect
+    import json
+
+    from recscale.train import rank
+
+    if os.environ["RANK"] == "1":
+        with open(os.path.join(out_dir, "other_plan.json")) as f:
+            plan_d = json.load(f)
+    return inspect.unwrap(rank.sharded_train_worker)(manifest, model_d, train_d, comms_d,
+                                                        plan_d, out_dir, run_id, observer)

@@ -9,6 +9,7 @@ the same config would have (world-size free) and writes it; every rank learns wh
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
@@ -37,6 +38,8 @@ from recscale.train.checkpoint import Checkpointer, model_fingerprint
 from recscale.train.loop import EpochData, run_loop
 from recscale.train.runtime import ShardedRuntime
 from recscale.train.validation import ValidationData
+
+log = logging.getLogger(__name__)
 
 
 def loader_data(manifest: dict, train_cfg: TrainConfig, rank: int, world_size: int,
@@ -95,9 +98,30 @@ def train_rank(ctx, manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConf
                            on_step, observer)
 
 
+def agreed_plan(ctx, plan: ShardingPlan) -> ShardingPlan:
+    """Rank 0's plan, on every rank. The ranks of a job across hosts replan each on its own
+    when the world size changes (``recscale.train.job_worker``), and the planner's float results
+    can differ in the last bit between CPUs (numpy's exp, log and power round otherwise on
+    AVX-512 than on AVX2), so hosts of different CPUs could shard the same tables two ways and
+    exchange rows the others do not expect. Every rank trains rank 0's plan; a rank whose own
+    plan differed says so."""
+    if ctx.world_size == 1:
+        return plan
+    box = [plan.to_dict() if ctx.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=ctx.sparse_group)
+    if ctx.rank == 0:
+        return plan
+    ours = ShardingPlan.from_dict(box[0])
+    if ours != plan:
+        log.warning("rank %d planned the tables otherwise than rank 0 (another CPU rounds the "
+                    "planner's costs otherwise); it trains rank 0's plan", ctx.rank)
+    return ours
+
+
 def _train_rank(ctx, manifest, model_cfg, train_cfg, comms, plan, out_dir, run_id,
                 on_step, observer=None) -> dict[str, Any]:
     fitted = FittedSchema.of(manifest)
+    plan = agreed_plan(ctx, plan)
     rt = ShardedRuntime(ctx, plan, model_cfg, train_cfg, comms,
                         feature_names=fitted.sparse_names, num_dense=fitted.num_dense,
                         feature_tables=fitted.feature_tables(), pooling=fitted.pooling())
