@@ -443,7 +443,8 @@ def true_logit(model, X, logc, dc, seen: dict | None) -> np.ndarray:
     return z + (X[model.dc_feature] @ (model.dc_slope * keep(model.dc_feature))) * dc
 
 
-def criteo_bound(env: str, params: dict, rows: int | None, max_train: int | None) -> dict:
+def criteo_bound(env: str, params: dict, rows: int | None, max_train: int | None,
+                 save_validation: Path | None = None) -> dict:
     """The bound of an env on the Criteo preset's generator (module docstring)."""
     data = dict(params["data"])
     if rows:
@@ -502,6 +503,11 @@ def criteo_bound(env: str, params: dict, rows: int | None, max_train: int | None
         val, theta = run((v, cross, v), best[2])
         if val < best[0]:
             best = (val, (v, cross, v), theta)
+    if save_validation is not None:  # quality_residuals.py --predictions takes them apart
+        lo, hi = spans["val"]
+        np.savez(save_validation, rows=np.arange(lo, hi) + first, labels=part["val"][3],
+                 probs=_sigmoid(form.logit(best[2], *part["val"][:3])))
+        print(f"  {env}: the fit's validation probabilities written to {save_validation}")
     Xt, _, dct, yt = part["test"]
     lo = spans["test"][0]
     p_fit = _sigmoid(form.logit(best[2], *part["test"][:3]))
@@ -541,6 +547,9 @@ def main() -> None:
                     help="write the raw files under OUT/<env> instead of the env's raw_dir")
     ap.add_argument("--max-train", type=int, default=None,
                     help="Criteo preset envs: fit on at most this many train rows (the latest)")
+    ap.add_argument("--save-validation", default=None, metavar="NPZ",
+                    help="Criteo preset env: write the fit's validation rows and probabilities "
+                         "(for benchmarks/quality_residuals.py --predictions)")
     args = ap.parse_args()
     out = Path(args.out) if args.out else \
         Path(tempfile.mkdtemp(prefix="quality_bound_")) if args.rows else None
@@ -548,7 +557,8 @@ def main() -> None:
     for env in args.env or ["arriving", "clicklog"]:
         params = env_params(env)
         if params.get("features", "criteo") == "criteo":
-            criteo.append(criteo_bound(env, params, args.rows, args.max_train))
+            save = Path(args.save_validation) if args.save_validation else None
+            criteo.append(criteo_bound(env, params, args.rows, args.max_train, save))
         else:
             results.append(bound(env, args.rows, out))
     if results:

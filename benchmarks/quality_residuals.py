@@ -1,0 +1,162 @@
+"""Where the model misses the planted click model: the trained DLRM's logit minus the true logit
+of the synthetic Criteo generator (conf/base), taken apart by the planted model's parts, on the
+validation split.
+
+    kedro run --pipelines=dlrm                       # once: the data
+    nice -n 10 python benchmarks/quality_residuals.py
+    nice -n 10 python benchmarks/quality_residuals.py '{"train": {"epochs": 3}}'   # a setting
+    OMP_NUM_THREADS=1 python benchmarks/quality_bound.py --env base --save-validation bound.npz
+    python benchmarks/quality_residuals.py --predictions bound.npz   # the bound, the same way
+
+Printed (one training run through ``train_dlrm``, about a minute on 2 cores):
+- the model's logit regressed on the true parts (dense counts, main effects of single ids,
+  low-rank crosses of id pairs, the dense x id slope): a coefficient below 1 is a part the model
+  under-weights;
+- for each main-effect feature, the slope of the residual on the true effect among ids of one
+  train-count bucket: -0.5 means the model carries half of those ids' effects. The shrinkage an
+  L2 fit of the true form would choose is about n p (1 - p) s^2 / (1 + n p (1 - p) s^2) (n the
+  id's train rows, p the click rate, s the effects' spread), -0.2 at 50 rows here;
+- the same for the crosses, by the rarer id of the pair;
+- for each cross, the variance of the mean residual over its (id, id) cells beyond what either
+  id alone explains: errors in the cross's shape, not its scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import yaml
+
+from recscale.config import parse
+from recscale.data.preprocess import load_manifest
+from recscale.data.synthetic import BLOCK_ROWS, PlantedModel
+from recscale.runconfig import DLRMConfig
+from recscale.scoring import score_split
+from recscale.train import train_dlrm
+from tune_dcnv2 import ROOT, merge  # the same deep merge of JSON overrides (a sibling script)
+
+EDGES = (0, 10, 30, 100, 300, 1000, np.inf)
+
+
+def planted_parts(pm: PlantedModel, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The planted logit's parts for global row numbers ``rows`` (regenerated block by block
+    from the generator's seeds, as it drew them)."""
+    n = pm.cfg.num_rows
+    out: dict[str, list] = {k: [] for k in ("dense", "main", "cross", "dc", "ranks", "present")}
+    b0, b1 = int(rows.min()) // BLOCK_ROWS, int(rows.max()) // BLOCK_ROWS
+    for b in range(b0, b1 + 1):
+        nb = min(BLOCK_ROWS, n - b * BLOCK_ROWS)
+        cols, logit = pm.sample(np.random.default_rng([pm.cfg.seed, 1, b]), nb)
+        dense = pm.sample_dense(np.random.default_rng([pm.cfg.seed, 1, b]), nb)[3]
+        ranks, present = cols["ranks"], cols["sparse_present"]
+        main = sum(np.where(present[:, j], pm.main_effects[j][ranks[:, j]], 0.0)
+                   for j in pm.main_features)
+        cross = sum(np.where(present[:, f] & present[:, g], (
+            pm.cross_u[(f, g)][ranks[:, f]] * pm.cross_v[(f, g)][ranks[:, g]]).sum(1), 0.0)
+            for f, g in pm.crosses)
+        for k, v in (("dense", dense), ("main", main), ("cross", cross),
+                     ("dc", logit - dense - main - cross), ("ranks", ranks),
+                     ("present", present)):
+            out[k].append(v)
+    at = rows - b0 * BLOCK_ROWS
+    return {k: np.concatenate(v)[at] for k, v in out.items()}
+
+
+def bucket_slopes(resid: np.ndarray, effect: np.ndarray, counts: np.ndarray,
+                  mask: np.ndarray) -> list[str]:
+    """Slope of the residual on the true effect within each train-count bucket (share of rows)."""
+    cells = []
+    for lo, hi in zip(EDGES[:-1], EDGES[1:]):
+        m = mask & (counts >= lo) & (counts < hi)
+        if m.sum() < 500:
+            cells.append("      -     ")
+            continue
+        e = effect[m] - effect[m].mean()
+        slope = float((e * (resid[m] - resid[m].mean())).sum() / (e * e).sum())
+        cells.append(f"{slope:+.2f} ({m.mean() * 100:2.0f}%)")
+    return cells
+
+
+def cell_variance(resid: np.ndarray, key: np.ndarray, min_rows: int = 100) -> float:
+    """Variance of the mean residual over the cells of ``key`` with at least ``min_rows`` rows,
+    less the sampling noise of those means."""
+    _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+    means = np.bincount(inv, weights=resid) / cnt
+    keep = cnt[inv] >= min_rows
+    if not keep.any():
+        return 0.0
+    return float(np.var(means[inv][keep]) - np.mean((resid.var() / cnt[inv])[keep]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("overrides", nargs="?", default="{}", help="JSON, merged into the params")
+    ap.add_argument("--split", default="validation")
+    ap.add_argument("--predictions", default=None, metavar="NPZ",
+                    help="take apart these probabilities (arrays rows, probs: e.g. "
+                         "quality_bound.py --save-validation) instead of training")
+    ap.add_argument("--save", default=None, metavar="NPZ",
+                    help="write the trained model's rows and probabilities here")
+    args = ap.parse_args()
+    params = yaml.safe_load((ROOT / "conf/base/parameters_dlrm.yml").read_text())
+    params = merge(params, {"train": {"progress": "off", "checkpoint": {"dir": None}}})
+    params = merge(params, json.loads(args.overrides))
+    cfg = parse(DLRMConfig, params, "")
+    if cfg.data.source != "synthetic" or cfg.data.synthetic.multi_hot:
+        raise SystemExit("quality_residuals.py reads the planted single-id Criteo generator "
+                         f"(data.source: synthetic); this config has {cfg.data.source}")
+    manifest = load_manifest(ROOT / cfg.preprocess.output_dir)
+    if args.predictions:
+        got = np.load(args.predictions)
+        rows, probs = got["rows"], got["probs"]
+    else:
+        out = train_dlrm(manifest, cfg.model, cfg.train)
+        s = score_split(out.model.eval(), manifest, args.split, 16384)
+        rows, probs = s.rows, s.probs
+        if args.save:
+            np.savez(args.save, rows=rows, probs=probs, labels=s.labels)
+    pm = PlantedModel(cfg.data.synthetic)
+    P = planted_parts(pm, rows)
+    true = P["dense"] + P["main"] + P["cross"] + P["dc"] + pm.bias
+    oracle = ROOT / cfg.data.raw_dir / "day_00.tsv.oracle.npy"
+    if oracle.exists() and not np.allclose(1 / (1 + np.exp(-true)),
+                                           np.load(oracle, mmap_mode="r")[rows], atol=1e-6):
+        raise SystemExit(f"the regenerated parts do not give {oracle}: another generator?")
+    p = np.clip(probs, 1e-7, 1 - 1e-7)
+    model = np.log(p / (1 - p))
+    X = np.stack([P["dense"], P["main"], P["cross"], P["dc"], np.ones_like(true)], 1)
+    coef = np.linalg.lstsq(X, model, rcond=None)[0]
+    resid = model - true
+    print(f"{args.predictions or args.split}: {len(true)} rows; model logit - true logit: sd {resid.std():.3f}; "
+          f"after the parts' scales are refit: sd {np.std(model - X @ coef):.3f}")
+    print("model logit on the true parts: " + ", ".join(
+        f"{k} {c:.3f} (part sd {P[k].std():.2f})"
+        for k, c in zip(("dense", "main", "cross", "dc"), coef)))
+    n_train = manifest["splits"]["train"]["rows"]
+    ranks, present = P["ranks"], P["present"]
+    expect = [n_train * np.diff(np.concatenate([[0.0], cdf])) for cdf in pm.cdfs]
+    head = " ".join(f"{f'{lo:g}-{hi:g}':>12s}" for lo, hi in zip(EDGES[:-1], EDGES[1:]))
+    print(f"\nmain effects: residual slope on the true effect, by the id's train rows\n"
+          f"{'':10s}{head}")
+    for j in pm.main_features:
+        eff = np.where(present[:, j], pm.main_effects[j][ranks[:, j]], 0.0)
+        cells = bucket_slopes(resid, eff, expect[j][ranks[:, j]], present[:, j])
+        print(f"  C{j + 1:<7d}" + " ".join(cells))
+    print(f"\ncrosses: the same, by the rarer id of the pair\n{'':10s}{head}")
+    for f, g in pm.crosses:
+        both = present[:, f] & present[:, g]
+        eff = np.where(both, (pm.cross_u[(f, g)][ranks[:, f]]
+                              * pm.cross_v[(f, g)][ranks[:, g]]).sum(1), 0.0)
+        counts = np.minimum(expect[f][ranks[:, f]], expect[g][ranks[:, g]])
+        print(f"  C{f + 1}xC{g + 1:<4d}" + " ".join(bucket_slopes(resid, eff, counts, both)))
+    print("\ncrosses: residual variance over (id, id) cells of 100+ rows, beyond either id alone")
+    for f, g in pm.crosses:
+        pair = cell_variance(resid, ranks[:, f] * (int(pm.cards[g]) + 1) + ranks[:, g])
+        one = max(cell_variance(resid, ranks[:, f]), cell_variance(resid, ranks[:, g]))
+        print(f"  C{f + 1}xC{g + 1}: {pair:.4f} (the larger single id {one:.4f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""benchmarks/quality_residuals.py: the planted logit's parts it regenerates add up to the
+generator's own probabilities, and its bucket slopes read a known shrinkage back."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from recscale.data.synthetic import BLOCK_ROWS, PlantedModel, SyntheticConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import quality_residuals as qr  # noqa: E402
+
+
+def test_the_parts_add_up_to_the_generators_probabilities_on_drawn_rows():
+    cfg = SyntheticConfig(num_rows=BLOCK_ROWS + 5000, seed=3, cardinality_scale=0.001)
+    pm = PlantedModel(cfg)
+    rows = np.sort(np.random.default_rng(0).choice(cfg.num_rows, 3000, replace=False))
+    P = qr.planted_parts(pm, rows)
+    logit = P["dense"] + P["main"] + P["cross"] + P["dc"] + pm.bias
+    truth = np.concatenate([pm.block(b, min(BLOCK_ROWS, cfg.num_rows - b * BLOCK_ROWS))[1]
+                            for b in range(2)])[rows]
+    np.testing.assert_allclose(1 / (1 + np.exp(-logit)), truth, rtol=0, atol=1e-12)
+    assert P["main"].std() > 0.3 and P["cross"].std() > 0.3  # the parts are not empty
+    # what is left after dense, main and cross is the dense x id slope, term by term
+    logc = np.concatenate([pm.sample_dense(np.random.default_rng([cfg.seed, 1, b]),
+                                           min(BLOCK_ROWS, cfg.num_rows - b * BLOCK_ROWS))[2]
+                           for b in range(2)])[rows]
+    c = pm.dc_feature
+    want = np.where(P["present"][:, c], pm.dc_slope[P["ranks"][:, c]]
+                    * (logc[:, pm.dc_dense] - pm.dense_center[pm.dc_dense]), 0.0)
+    np.testing.assert_allclose(P["dc"], want, rtol=0, atol=1e-9)
+
+
+def test_a_model_carrying_part_of_each_effect_reads_as_that_slope_per_bucket():
+    rng = np.random.default_rng(1)
+    n = 60_000
+    effect = rng.normal(0, 0.6, n)
+    counts = rng.choice([5, 50, 5000], n)
+    carried = np.where(counts == 5, 0.2, np.where(counts == 50, 0.6, 0.95))
+    resid = (carried - 1) * effect + rng.normal(0, 0.05, n)
+    cells = qr.bucket_slopes(resid, effect, counts, np.ones(n, bool))
+    slopes = [float(c.split()[0]) for c in cells if c.strip() != "-"]
+    assert slopes == [-0.8, -0.4, -0.05]
