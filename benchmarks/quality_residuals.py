@@ -32,6 +32,7 @@ import yaml
 from recscale.config import parse
 from recscale.data.preprocess import load_manifest
 from recscale.data.synthetic import BLOCK_ROWS, PlantedModel
+from recscale.evaluate import auc_score, log_loss
 from recscale.runconfig import DLRMConfig
 from recscale.scoring import score_split
 from recscale.train import train_dlrm
@@ -110,13 +111,13 @@ def main() -> None:
     manifest = load_manifest(ROOT / cfg.preprocess.output_dir)
     if args.predictions:
         got = np.load(args.predictions)
-        rows, probs = got["rows"], got["probs"]
+        rows, probs, labels = got["rows"], got["probs"], got["labels"]
     else:
         out = train_dlrm(manifest, cfg.model, cfg.train)
         s = score_split(out.model.eval(), manifest, args.split, 16384)
-        rows, probs = s.rows, s.probs
+        rows, probs, labels = s.rows, s.probs, s.labels
         if args.save:
-            np.savez(args.save, rows=rows, probs=probs, labels=s.labels)
+            np.savez(args.save, rows=rows, probs=probs, labels=labels)
     pm = PlantedModel(cfg.data.synthetic)
     P = planted_parts(pm, rows)
     true = P["dense"] + P["main"] + P["cross"] + P["dc"] + pm.bias
@@ -129,8 +130,10 @@ def main() -> None:
     X = np.stack([P["dense"], P["main"], P["cross"], P["dc"], np.ones_like(true)], 1)
     coef = np.linalg.lstsq(X, model, rcond=None)[0]
     resid = model - true
-    print(f"{args.predictions or args.split}: {len(true)} rows; model logit - true logit: sd {resid.std():.3f}; "
-          f"after the parts' scales are refit: sd {np.std(model - X @ coef):.3f}")
+    print(f"{args.predictions or args.split}: {len(true)} rows, AUC {auc_score(labels, p):.4f}, "
+          f"log loss {log_loss(labels, p):.4f} (oracle {auc_score(labels, 1 / (1 + np.exp(-true))):.4f}); "
+          f"model logit - true logit: sd {resid.std():.3f}; after the parts' scales are refit: "
+          f"sd {np.std(model - X @ coef):.3f}")
     print("model logit on the true parts: " + ", ".join(
         f"{k} {c:.3f} (part sd {P[k].std():.2f})"
         for k, c in zip(("dense", "main", "cross", "dc"), coef)))
