@@ -242,7 +242,8 @@ def unseen_shares(table: pa.Table, schema: FeatureSchema, b: np.ndarray) -> dict
     return out
 
 
-def bound(env: str, rows: int | None, out_dir: Path | None) -> dict:
+def bound(env: str, rows: int | None, out_dir: Path | None,
+          save_validation: Path | None = None) -> dict:
     params = env_params(env)
     data = dict(params["data"])
     if rows:
@@ -279,7 +280,12 @@ def bound(env: str, rows: int | None, out_dir: Path | None) -> dict:
         val = log_loss(part["val"][2], predict(form, theta, *part["val"][:2]))
         print(f"  {env}: l2 {l2}: validation log loss {val:.5f}")
         if best is None or val < best[0]:
-            best = (val, l2, predict(form, theta, *part["test"][:2]))
+            best = (val, l2, predict(form, theta, *part["test"][:2]),
+                    predict(form, theta, *part["val"][:2]))
+    if save_validation is not None:  # quality_residuals.py --env ENV --predictions
+        np.savez(save_validation, rows=np.arange(b[0], b[1]), labels=part["val"][2],
+                 probs=best[3])
+        print(f"  {env}: the fit's validation probabilities written to {save_validation}")
     yt = part["test"][2]
     rate_name, rate_p = best_rate(table, schema, y, b)
     return {"env": env, "rows": table.num_rows, "test_rows": len(yt), "l2": best[1],
@@ -548,19 +554,19 @@ def main() -> None:
     ap.add_argument("--max-train", type=int, default=None,
                     help="Criteo preset envs: fit on at most this many train rows (the latest)")
     ap.add_argument("--save-validation", default=None, metavar="NPZ",
-                    help="Criteo preset env: write the fit's validation rows and probabilities "
-                         "(for benchmarks/quality_residuals.py --predictions)")
+                    help="write the fit's validation rows and probabilities (one env; for "
+                         "benchmarks/quality_residuals.py [--env ENV] --predictions)")
     args = ap.parse_args()
     out = Path(args.out) if args.out else \
         Path(tempfile.mkdtemp(prefix="quality_bound_")) if args.rows else None
     results, criteo = [], []
     for env in args.env or ["arriving", "clicklog"]:
         params = env_params(env)
+        save = Path(args.save_validation) if args.save_validation else None
         if params.get("features", "criteo") == "criteo":
-            save = Path(args.save_validation) if args.save_validation else None
             criteo.append(criteo_bound(env, params, args.rows, args.max_train, save))
         else:
-            results.append(bound(env, args.rows, out))
+            results.append(bound(env, args.rows, out, save))
     if results:
         print_table(results)
     if criteo:

@@ -1,9 +1,11 @@
 """Where the model misses the planted click model: the trained DLRM's logit minus the true logit
-of the synthetic Criteo generator (conf/base), taken apart by the planted model's parts, on the
-validation split.
+of the synthetic Criteo generator (conf/base) or of the schema generator (`--env clicklog`, any
+env whose `data.source` is `synthetic` with a `features` schema), taken apart by the planted
+model's parts, on the validation split.
 
     kedro run --pipelines=dlrm                       # once: the data
     nice -n 10 python benchmarks/quality_residuals.py
+    kedro run --pipelines=dlrm --env=clicklog && python benchmarks/quality_residuals.py --env clicklog
     nice -n 10 python benchmarks/quality_residuals.py '{"train": {"epochs": 3}}'   # a setting
     OMP_NUM_THREADS=1 python benchmarks/quality_bound.py --env base --save-validation bound.npz
     python benchmarks/quality_residuals.py --predictions bound.npz   # the bound, the same way
@@ -19,6 +21,11 @@ Printed (one training run through ``train_dlrm``, about a minute on 2 cores):
 - the same for the crosses, by the rarer id of the pair;
 - for each cross, the variance of the mean residual over its (id, id) cells beyond what either
   id alone explains: errors in the cross's shape, not its scale.
+
+A schema env (``--env``) is read the same way from its raw file: each row's ids mapped back to
+the generator's ranks, each part (a feature's main effect, pooled as planted; each cross; the
+dense effects) recomputed, their sum checked against the file's ``.oracle.npy``; main effects and
+crosses of categorical features by their ids' train rows.
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ import argparse
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import yaml
 
 from recscale.config import parse
 from recscale.data.preprocess import load_manifest
 from recscale.data.synthetic import BLOCK_ROWS, PlantedModel
+from recscale.data.synthetic_table import SchemaPlantedModel
 from recscale.evaluate import auc_score, log_loss
 from recscale.runconfig import DLRMConfig
 from recscale.scoring import score_split
@@ -91,9 +102,143 @@ def cell_variance(resid: np.ndarray, key: np.ndarray, min_rows: int = 100) -> fl
     return float(np.var(means[inv][keep]) - np.mean((resid.var() / cnt[inv])[keep]))
 
 
+def id_ranks(pm: SchemaPlantedModel, f, values: pa.Array) -> np.ndarray:
+    """The generator's ranks of the ids ``values`` (written by ``SchemaPlantedModel._ids``) of
+    sparse feature ``f``; -1 for an id the generator never writes."""
+    card = len(pm.effects[f.name])
+    if f.id_type == "string":
+        tail = pc.utf8_slice_codeunits(values, len(f.name) + 1, 1 << 30)
+        ranks = pc.cast(tail, pa.int64()).to_numpy(zero_copy_only=False)
+        return np.where((ranks >= 0) & (ranks < card), ranks, -1)
+    codes = pm.codes[f.name].astype(np.int64)
+    if f.id_type == "hex":
+        codes = codes & 0xFFFFFFFF
+        keys = np.array([int(v, 16) for v in values.to_pylist()], dtype=np.int64)
+    else:
+        keys = values.to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.argsort(codes, kind="stable")  # a shared table's repeated codes: the first rank
+    at = np.clip(np.searchsorted(codes[order], keys), 0, card - 1)
+    return np.where(codes[order][at] == keys, order[at], -1)
+
+
+def table_parts(pm: SchemaPlantedModel, table: pa.Table) -> dict[str, np.ndarray]:
+    """The planted logit's parts on the rows of the generator's ``table``: ``main:<feature>``
+    (its ids' effects pooled as planted), ``cross:<a>x<b>``, ``dense``; and ``rank:<feature>``
+    for the categorical features (-1 where missing). Their sum plus ``pm.bias`` is the oracle's
+    logit."""
+    n = table.num_rows
+    out: dict[str, np.ndarray] = {}
+    summed = {}
+    for f in pm.sparse:
+        col = table.column(f.source).combine_chunks()
+        if f.kind == "multi_hot":
+            lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
+            flat = pc.list_flatten(col)
+            wt = pc.list_flatten(table.column(f.weights).combine_chunks()).to_numpy(
+                zero_copy_only=False) if f.weights else np.ones(len(flat))
+            scale = 1.0 / np.maximum(lengths, 1) if f.pooling == "mean" else \
+                np.full(n, 1.0 / np.sqrt(pm.draws[f.name].pooling))
+        else:
+            lengths = (~col.is_null().to_numpy(zero_copy_only=False)).astype(np.int64)
+            flat, wt, scale = col.drop_null(), np.ones(int(lengths.sum())), np.ones(n)
+        ranks = id_ranks(pm, f, flat)
+        if (ranks < 0).any():
+            raise SystemExit(f"{f.name}: {int((ranks < 0).sum())} ids the generator does not "
+                             "write: another generator or config?")
+        rows = np.repeat(np.arange(n), lengths)
+        summed[f.name] = (rows, ranks, scale, wt)
+        out[f"main:{f.name}"] = scale * np.bincount(rows, pm.effects[f.name][ranks] * wt,
+                                                    minlength=n)
+        if f.kind == "categorical":
+            r = np.full(n, -1)
+            r[rows] = ranks
+            out[f"rank:{f.name}"] = r
+    for a, b, u, v in pm.crosses:
+        (ra, ka, sa, wa), (rb, kb, sb, wb) = summed[a], summed[b]
+        ua = np.stack([np.bincount(ra, u[ka, c] * wa, minlength=n) for c in range(u.shape[1])], 1)
+        vb = np.stack([np.bincount(rb, v[kb, c] * wb, minlength=n) for c in range(v.shape[1])], 1)
+        out[f"cross:{a}x{b}"] = ((ua * sa[:, None]) * (vb * sb[:, None])).sum(1)
+    dense = np.zeros(n)
+    for f in pm.schema.dense:
+        x = table.column(f.source).to_numpy(zero_copy_only=False).astype(np.float64)
+        present = ~np.isnan(x)
+        dense += np.where(present, pm.dense_w[f.name] * (np.log1p(np.where(present, x, 0.0))
+                                                         - pm.dense_mu[f.name]), 0.0)
+    out["dense"] = dense
+    return out
+
+
+def print_table_env(pm: SchemaPlantedModel, P: dict, resid: np.ndarray, model: np.ndarray,
+                    train_counts: dict[str, np.ndarray]) -> None:
+    """The schema env's report: the model logit on each part, then slopes by id train rows."""
+    names = [k for k in P if not k.startswith("rank:")]
+    X = np.stack([P[k] for k in names] + [np.ones(len(model))], 1)
+    coef = np.linalg.lstsq(X, model, rcond=None)[0]
+    print("model logit on the true parts (1: carried whole): " + ", ".join(
+        f"{k} {c:.3f} (sd {P[k].std():.2f})" for k, c in zip(names, coef)))
+    print(f"  after the parts' scales are refit: sd {np.std(model - X @ coef):.3f}")
+    head = " ".join(f"{f'{lo:g}-{hi:g}':>12s}" for lo, hi in zip(EDGES[:-1], EDGES[1:]))
+    print(f"\nmain effects: residual slope on the true effect, by the id's train rows\n"
+          f"{'':16s}{head}")
+    for name, cnt in train_counts.items():
+        r = P[f"rank:{name}"]
+        print(f"  {name:14s}" + " ".join(bucket_slopes(resid, P[f"main:{name}"],
+                                                      cnt[np.maximum(r, 0)], r >= 0)))
+    crosses = [(a, b) for a, b, _, _ in pm.crosses if a in train_counts and b in train_counts]
+    if not crosses:
+        return
+    print(f"\ncrosses: the same, by the rarer id of the pair\n{'':16s}{head}")
+    for a, b in crosses:
+        ra, rb = P[f"rank:{a}"], P[f"rank:{b}"]
+        both = (ra >= 0) & (rb >= 0)
+        counts = np.minimum(train_counts[a][np.maximum(ra, 0)], train_counts[b][np.maximum(rb, 0)])
+        print(f"  {a + 'x' + b:14s}" + " ".join(bucket_slopes(resid, P[f"cross:{a}x{b}"],
+                                                             counts, both)))
+    print("\ncrosses: residual variance over (id, id) cells of 100+ rows, beyond either id alone")
+    for a, b in crosses:
+        ra, rb = P[f"rank:{a}"], P[f"rank:{b}"]
+        pair = cell_variance(resid, ra * (len(pm.effects[b]) + 1) + rb)
+        one = max(cell_variance(resid, ra), cell_variance(resid, rb))
+        print(f"  {a}x{b}: {pair:.4f} (the larger single id {one:.4f})")
+
+
+def table_env(cfg: DLRMConfig, manifest: dict, rows: np.ndarray, probs: np.ndarray,
+              labels: np.ndarray, what: str) -> None:
+    """Take a schema env's predictions apart (the module docstring)."""
+    gen = cfg.data.generator
+    pm = SchemaPlantedModel(cfg.schema, gen)
+    path = ROOT / cfg.data.raw_dir / "table_00.parquet"
+    if not path.exists() or len(manifest.get("source_files", [])) != 1:
+        raise SystemExit(f"{path} (the env's one generated file) is not there: kedro run first")
+    raw = pq.read_table(path)
+    P = table_parts(pm, raw.take(pa.array(rows)))
+    true = sum(v for k, v in P.items() if not k.startswith("rank:")) + pm.bias
+    oracle = np.load(str(path) + ".oracle.npy", mmap_mode="r")[rows]
+    if not np.allclose(1 / (1 + np.exp(-true)), oracle, atol=1e-6):
+        raise SystemExit(f"the regenerated parts do not give {path}.oracle.npy: another config?")
+    p = np.clip(probs, 1e-7, 1 - 1e-7)
+    model = np.log(p / (1 - p))
+    resid = model - true
+    print(f"{what}: {len(true)} rows, AUC {auc_score(labels, p):.4f}, log loss "
+          f"{log_loss(labels, p):.4f} (oracle {auc_score(labels, oracle):.4f}); model logit - "
+          f"true logit: sd {resid.std():.3f}")
+    n_train = manifest["splits"]["train"]["rows"]
+    if int(rows.min()) < n_train:
+        raise SystemExit(f"{what}: its rows start at {int(rows.min())}, inside the first "
+                         f"{n_train} (the train rows, when a file is split in row order)")
+    counts = {}
+    for f in pm.sparse:
+        if f.kind != "categorical":
+            continue
+        col = raw.column(f.source).slice(0, n_train).combine_chunks().drop_null()
+        counts[f.name] = np.bincount(id_ranks(pm, f, col), minlength=len(pm.effects[f.name]))
+    print_table_env(pm, P, resid, model, counts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="?", default="{}", help="JSON, merged into the params")
+    ap.add_argument("--env", default="base", help="the conf env whose kedro run made the data")
     ap.add_argument("--split", default="validation")
     ap.add_argument("--predictions", default=None, metavar="NPZ",
                     help="take apart these probabilities (arrays rows, probs: e.g. "
@@ -102,10 +247,14 @@ def main() -> None:
                     help="write the trained model's rows and probabilities here")
     args = ap.parse_args()
     params = yaml.safe_load((ROOT / "conf/base/parameters_dlrm.yml").read_text())
+    if args.env != "base":
+        params = merge(params, yaml.safe_load(
+            (ROOT / "conf" / args.env / "parameters_dlrm.yml").read_text()))
     params = merge(params, {"train": {"progress": "off", "checkpoint": {"dir": None}}})
     params = merge(params, json.loads(args.overrides))
     cfg = parse(DLRMConfig, params, "")
-    if cfg.data.source != "synthetic" or cfg.data.synthetic.multi_hot:
+    schema_env = cfg.data.source == "synthetic" and not isinstance(cfg.features, str)
+    if not schema_env and (cfg.data.source != "synthetic" or cfg.data.synthetic.multi_hot):
         raise SystemExit("quality_residuals.py reads the planted single-id Criteo generator "
                          f"(data.source: synthetic); this config has {cfg.data.source}")
     manifest = load_manifest(ROOT / cfg.preprocess.output_dir)
@@ -118,6 +267,8 @@ def main() -> None:
         rows, probs, labels = s.rows, s.probs, s.labels
         if args.save:
             np.savez(args.save, rows=rows, probs=probs, labels=labels)
+    if schema_env:
+        return table_env(cfg, manifest, rows, probs, labels, args.predictions or args.split)
     pm = PlantedModel(cfg.data.synthetic)
     P = planted_parts(pm, rows)
     true = P["dense"] + P["main"] + P["cross"] + P["dc"] + pm.bias

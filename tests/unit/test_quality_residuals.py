@@ -42,3 +42,43 @@ def test_a_model_carrying_part_of_each_effect_reads_as_that_slope_per_bucket():
     cells = qr.bucket_slopes(resid, effect, counts, np.ones(n, bool))
     slopes = [float(c.split()[0]) for c in cells if c.strip() != "-"]
     assert slopes == [-0.8, -0.4, -0.05]
+
+
+def test_a_schema_envs_parts_add_up_to_its_files_probabilities(tmp_path, seed):
+    """Every id type, a weighted and a mean-pooled bag, missing values, a table shared by two
+    features and crosses of a bag with an id: the ids mapped back to the generator's ranks and
+    the parts recomputed from the file give its ``.oracle.npy``."""
+    import pyarrow.parquet as pq
+
+    from recscale.config import parse
+    from recscale.data.schema import parse_features
+    from recscale.data.synthetic_table import SchemaPlantedModel, TableSynthConfig, generate_table
+
+    schema = parse_features({
+        "label": "y",
+        "dense": [{"name": "price", "transforms": ["log1p"]},
+                  {"name": "band", "column": "price", "transforms": [{"bucketize": [3.0]}]}],
+        "sparse": [{"name": "user", "id_type": "string"},
+                   {"name": "item", "ids": "vocab"},
+                   {"name": "site", "id_type": "hex"},
+                   {"name": "tags", "kind": "multi_hot", "max_len": 6, "pooling": "mean"},
+                   {"name": "topics", "kind": "multi_hot", "max_len": 8, "weights": "topic_w"},
+                   {"name": "seen", "kind": "multi_hot", "table": "item", "ids": "vocab",
+                    "max_len": 9}],
+        "tables": [{"name": "user", "rows": 400}, {"name": "tags", "rows": 64, "dim": 8}]})
+    cfg = parse(TableSynthConfig, {"num_rows": 5000, "seed": seed, "crosses": 0,
+                                   "cross_pairs": [["user", "item"], ["tags", "site"]],
+                                   "features": {"user": {"cardinality": 90, "missing": 0.1},
+                                                "item": {"cardinality": 40},
+                                                "tags": {"cardinality": 30, "pooling": 2.5},
+                                                "topics": {"cardinality": 20, "pooling": 3.0},
+                                                "seen": {"cardinality": 40, "pooling": 4.0}}},
+                "data.generator")
+    rep = generate_table(schema, cfg, tmp_path / "t.parquet")
+    pm = SchemaPlantedModel(schema, cfg)
+    P = qr.table_parts(pm, pq.read_table(rep.path))
+    logit = sum(v for k, v in P.items() if not k.startswith("rank:")) + pm.bias
+    np.testing.assert_allclose(1 / (1 + np.exp(-logit)), np.load(rep.oracle_path), atol=1e-6)
+    assert {k for k in P if k.startswith("cross:")} == {"cross:userxitem", "cross:tagsxsite"}
+    assert all(P[k].std() > 0.05 for k in P if not k.startswith("rank:"))  # none left empty
+    assert 0.05 < (P["rank:user"] == -1).mean() < 0.15 and (P["rank:item"] == -1).mean() < 0.05
