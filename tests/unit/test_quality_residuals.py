@@ -78,7 +78,9 @@ def test_a_schema_envs_parts_add_up_to_its_files_probabilities(tmp_path, seed):
     pm = SchemaPlantedModel(schema, cfg)
     P = qr.table_parts(pm, pq.read_table(rep.path))
     logit = sum(v for k, v in P.items() if not k.startswith("rank:")) + pm.bias
-    np.testing.assert_allclose(1 / (1 + np.exp(-logit)), np.load(rep.oracle_path), atol=1e-6)
+    # exact but for the file's dense values, rounded to 4 decimals (a bound on what that moves)
+    np.testing.assert_allclose(1 / (1 + np.exp(-logit)), np.load(rep.oracle_path), rtol=0,
+                               atol=qr.oracle_tolerance(pm))
     assert {k for k in P if k.startswith("cross:")} == {"cross:userxitem", "cross:tagsxsite"}
     assert all(P[k].std() > 0.05 for k in P if not k.startswith("rank:"))  # none left empty
     assert 0.05 < (P["rank:user"] == -1).mean() < 0.15 and (P["rank:item"] == -1).mean() < 0.05
