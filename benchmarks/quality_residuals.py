@@ -5,7 +5,8 @@ model's parts, on the validation split.
 
     kedro run --pipelines=dlrm                       # once: the data
     nice -n 10 python benchmarks/quality_residuals.py
-    kedro run --pipelines=dlrm --env=clicklog && python benchmarks/quality_residuals.py --env clicklog
+    kedro run --pipelines=dlrm --env=clicklog        # a schema env: its data, then
+    python benchmarks/quality_residuals.py --env clicklog
     nice -n 10 python benchmarks/quality_residuals.py '{"train": {"epochs": 3}}'   # a setting
     OMP_NUM_THREADS=1 python benchmarks/quality_bound.py --env base --save-validation bound.npz
     python benchmarks/quality_residuals.py --predictions bound.npz   # the bound, the same way
@@ -37,16 +38,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import yaml
 
 from recscale.config import parse
 from recscale.data.preprocess import load_manifest
 from recscale.data.synthetic import BLOCK_ROWS, PlantedModel
-from recscale.data.synthetic_table import SchemaPlantedModel
+from recscale.data.synthetic_table import SchemaPlantedModel, cross_effect
 from recscale.evaluate import auc_score, log_loss
 from recscale.runconfig import DLRMConfig
 from recscale.scoring import score_split
 from recscale.train import train_dlrm
+import yaml
 from tune_dcnv2 import ROOT, merge  # the same deep merge of JSON overrides (a sibling script)
 
 EDGES = (0, 10, 30, 100, 300, 1000, np.inf)
@@ -136,34 +137,27 @@ def table_parts(pm: SchemaPlantedModel, table: pa.Table) -> dict[str, np.ndarray
             flat = pc.list_flatten(col)
             wt = pc.list_flatten(table.column(f.weights).combine_chunks()).to_numpy(
                 zero_copy_only=False) if f.weights else np.ones(len(flat))
-            scale = 1.0 / np.maximum(lengths, 1) if f.pooling == "mean" else \
-                np.full(n, 1.0 / np.sqrt(pm.draws[f.name].pooling))
         else:
             lengths = (~col.is_null().to_numpy(zero_copy_only=False)).astype(np.int64)
-            flat, wt, scale = col.drop_null(), np.ones(int(lengths.sum())), np.ones(n)
+            flat, wt = col.drop_null(), np.ones(int(lengths.sum()))
         ranks = id_ranks(pm, f, flat)
         if (ranks < 0).any():
             raise SystemExit(f"{f.name}: {int((ranks < 0).sum())} ids the generator does not "
                              "write: another generator or config?")
         rows = np.repeat(np.arange(n), lengths)
-        summed[f.name] = (rows, ranks, scale, wt)
-        out[f"main:{f.name}"] = scale * np.bincount(rows, pm.effects[f.name][ranks] * wt,
-                                                    minlength=n)
+        summed[f.name] = (rows, ranks, pm.pooling_scale(f, lengths), wt)
+        out[f"main:{f.name}"] = pm.bag_effect(f, summed[f.name], n)
         if f.kind == "categorical":
             r = np.full(n, -1)
             r[rows] = ranks
             out[f"rank:{f.name}"] = r
     for a, b, u, v in pm.crosses:
-        (ra, ka, sa, wa), (rb, kb, sb, wb) = summed[a], summed[b]
-        ua = np.stack([np.bincount(ra, u[ka, c] * wa, minlength=n) for c in range(u.shape[1])], 1)
-        vb = np.stack([np.bincount(rb, v[kb, c] * wb, minlength=n) for c in range(v.shape[1])], 1)
-        out[f"cross:{a}x{b}"] = ((ua * sa[:, None]) * (vb * sb[:, None])).sum(1)
+        out[f"cross:{a}x{b}"] = cross_effect(summed[a], summed[b], u, v, n)
     dense = np.zeros(n)
     for f in pm.schema.dense:
         x = table.column(f.source).to_numpy(zero_copy_only=False).astype(np.float64)
         present = ~np.isnan(x)
-        dense += np.where(present, pm.dense_w[f.name] * (np.log1p(np.where(present, x, 0.0))
-                                                         - pm.dense_mu[f.name]), 0.0)
+        dense += pm.dense_effect(f, np.where(present, x, 0.0), present)
     out["dense"] = dense
     return out
 

@@ -164,6 +164,20 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
+# one feature's drawn ids on a block: (row of each id, its rank, each row's pooling scale, each
+# id's weight)
+Bag = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def cross_effect(a: Bag, b: Bag, u: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
+    """A planted low-rank cross on ``n`` rows: each row's pooled ``u`` vectors of bag ``a``
+    dotted with its pooled ``v`` vectors of bag ``b``."""
+    (ra, ka, sa, wa), (rb, kb, sb, wb) = a, b
+    ua = np.stack([np.bincount(ra, u[ka, c] * wa, minlength=n) for c in range(u.shape[1])], 1)
+    vb = np.stack([np.bincount(rb, v[kb, c] * wb, minlength=n) for c in range(v.shape[1])], 1)
+    return ((ua * sa[:, None]) * (vb * sb[:, None])).sum(1)
+
+
 def _gather_bags(offsets: np.ndarray, owner: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Positions, in a flat array of per-id bags (``offsets``), of the bags of ``owner`` ids
     (``lengths[i]`` of bag ``owner[i]``; 0 for a row without one), in row order."""
@@ -317,7 +331,7 @@ class SchemaPlantedModel:
             if f.weights:
                 cols.setdefault(f.weights, None)
             cols.setdefault(f.source, None)
-        summed: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        summed: dict[str, Bag] = {}
         owned: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # an owner's (present, id) per row
         seen: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # a dense column's (value, present)
         col_owner = {}  # a dense column whose first feature is an attribute: its owner
@@ -330,7 +344,7 @@ class SchemaPlantedModel:
             x = rng.lognormal(self.dense_mu[f.name], 1.0, n)
             present = rng.random(n) >= d.missing
             x, present = seen.setdefault(f.source, (x, present))
-            logit += self._dense_effect(f, x, present)
+            logit += self.dense_effect(f, x, present)
             if cols[f.source] is None:
                 cols[f.source] = pa.array(np.round(x, 4), mask=~present)
         for f in self.sparse:
@@ -359,7 +373,7 @@ class SchemaPlantedModel:
             o_present, o_ids = owned[owner]
             present = o_present & a["present"][np.maximum(o_ids, 0)]
             x = a["x"][np.maximum(o_ids, 0)]
-            logit += self._dense_effect(f, x, present)
+            logit += self.dense_effect(f, x, present)
             if cols[f.source] is None:
                 cols[f.source] = pa.array(np.round(x, 4), mask=~present)
         for f in self.sparse:
@@ -375,34 +389,40 @@ class SchemaPlantedModel:
             logit += self._bag(f, cols, summed, present, lengths, a["ranks"][pos],
                                a["weights"][pos])
         for a, b, u, v in self.crosses:
-            ra, ka, sa, wa = summed[a]
-            rb, kb, sb, wb = summed[b]
-            ua = np.stack([np.bincount(ra, u[ka, c] * wa, minlength=n) for c in range(2)], 1)
-            vb = np.stack([np.bincount(rb, v[kb, c] * wb, minlength=n) for c in range(2)], 1)
-            ua, vb = ua * sa[:, None], vb * sb[:, None]
-            logit += (ua * vb).sum(1)
+            logit += cross_effect(summed[a], summed[b], u, v, n)
         return cols, logit
 
-    def _dense_effect(self, f, x: np.ndarray, present: np.ndarray) -> np.ndarray:
+    def dense_effect(self, f, x: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """Dense feature ``f``'s planted effect on rows of raw value ``x`` (0 where not
+        ``present``)."""
         z = np.log1p(x) - self.dense_mu[f.name]
         return np.where(present, self.dense_w[f.name] * z, 0.0)
+
+    def pooling_scale(self, f, lengths: np.ndarray) -> np.ndarray:
+        """What a row's summed ids of ``f`` are multiplied by: 1 (one id), 1 / sqrt(pooling)
+        (a multi-hot sum) or 1 / its length (``pooling: mean``)."""
+        n = len(lengths)
+        d = self.draws[f.name]
+        scale = np.full(n, 1.0 / np.sqrt(d.pooling)) if f.kind == "multi_hot" else np.ones(n)
+        return 1.0 / np.maximum(lengths, 1) if f.pooling == "mean" else scale
+
+    def bag_effect(self, f, bag: Bag, n: int) -> np.ndarray:
+        """``f``'s planted effect on each of ``n`` rows from its drawn ids ``bag``."""
+        rows, ranks, scale, wt = bag
+        return scale * np.bincount(rows, self.effects[f.name][ranks] * wt, minlength=n)
 
     def _bag(self, f, cols: dict, summed: dict, present: np.ndarray, lengths: np.ndarray,
              ranks: np.ndarray, wt: np.ndarray) -> np.ndarray:
         """The planted effect of ``f``'s ids per row; writes its column(s) (first time only)."""
         n = len(lengths)
-        d = self.draws[f.name]
-        scale = np.full(n, 1.0 / np.sqrt(d.pooling)) if f.kind == "multi_hot" else np.ones(n)
-        if f.pooling == "mean":
-            scale = 1.0 / np.maximum(lengths, 1)
         rows = np.repeat(np.arange(n), lengths)
         if f.weights:
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             cols[f.weights] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(wt))
-        summed[f.name] = (rows, ranks, scale, wt)
+        summed[f.name] = (rows, ranks, self.pooling_scale(f, lengths), wt)
         if cols[f.source] is None:
             cols[f.source] = self._ids(f, ranks, lengths, present)
-        return scale * np.bincount(rows, self.effects[f.name][ranks] * wt, minlength=n)
+        return self.bag_effect(f, summed[f.name], n)
 
     def _ids(self, f, ranks: np.ndarray, lengths: np.ndarray, present: np.ndarray) -> pa.Array:
         """The ids of ``ranks`` written as ``f.id_type`` says: a list per row (multi-hot), or
