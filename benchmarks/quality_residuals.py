@@ -47,8 +47,7 @@ from recscale.evaluate import auc_score, log_loss
 from recscale.runconfig import DLRMConfig
 from recscale.scoring import score_split
 from recscale.train import train_dlrm
-import yaml
-from tune_dcnv2 import ROOT, merge  # the same deep merge of JSON overrides (a sibling script)
+from tune_dcnv2 import ROOT, env_params  # an env's params with JSON overrides (a sibling script)
 
 EDGES = (0, 10, 30, 100, 300, 1000, np.inf)
 
@@ -247,13 +246,7 @@ def main() -> None:
     ap.add_argument("--save", default=None, metavar="NPZ",
                     help="write the trained model's rows and probabilities here")
     args = ap.parse_args()
-    params = yaml.safe_load((ROOT / "conf/base/parameters_dlrm.yml").read_text())
-    if args.env != "base":
-        params = merge(params, yaml.safe_load(
-            (ROOT / "conf" / args.env / "parameters_dlrm.yml").read_text()))
-    params = merge(params, {"train": {"progress": "off", "checkpoint": {"dir": None}}})
-    params = merge(params, json.loads(args.overrides))
-    cfg = parse(DLRMConfig, params, "")
+    cfg = parse(DLRMConfig, env_params(args.env, json.loads(args.overrides)), "")
     schema_env = cfg.data.source == "synthetic" and not isinstance(cfg.features, str)
     if not schema_env and (cfg.data.source != "synthetic" or cfg.data.synthetic.multi_hot):
         raise SystemExit("quality_residuals.py reads the planted single-id Criteo generator "

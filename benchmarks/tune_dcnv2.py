@@ -45,6 +45,17 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
+def env_params(env: str, overrides: dict) -> dict:
+    """conf/base's dlrm parameters with conf/<env>'s merged in (as Kedro merges an env), then no
+    progress bars or checkpoints, then ``overrides``: one training setting of that env."""
+    params = yaml.safe_load((ROOT / "conf/base/parameters_dlrm.yml").read_text())
+    if env != "base":
+        env_file = ROOT / f"conf/{env}/parameters_dlrm.yml"
+        params = merge(params, yaml.safe_load(env_file.read_text()))
+    params = merge(params, {"train": {"progress": "off", "checkpoint": {"dir": None}}})
+    return merge(params, overrides)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("overrides", nargs="?", default="{}", help="JSON, merged into the params")

@@ -22,14 +22,13 @@ import os
 import time
 
 import numpy as np
-import yaml
 
 from recscale.config import parse
 from recscale.data.preprocess import load_manifest
 from recscale.runconfig import DLRMConfig
 from recscale.scoring import evaluate_dlrm
 from recscale.train import train_dlrm
-from tune_dcnv2 import ROOT, merge  # the same deep merge of JSON overrides (a sibling script)
+from tune_dcnv2 import ROOT, env_params  # an env's params with JSON overrides (a sibling script)
 
 
 def main() -> None:
@@ -41,13 +40,7 @@ def main() -> None:
                     help="the generator's probabilities of the raw rows (.oracle.npy)")
     args = ap.parse_args()
     over = json.loads(args.overrides)
-    params = yaml.safe_load((ROOT / "conf/base/parameters_dlrm.yml").read_text())
-    if args.env != "base":
-        params = merge(params, yaml.safe_load(
-            (ROOT / f"conf/{args.env}/parameters_dlrm.yml").read_text()))
-    params = merge(params, {"train": {"progress": "off", "checkpoint": {"dir": None}}})
-    params = merge(params, over)
-    cfg = parse(DLRMConfig, params, "")
+    cfg = parse(DLRMConfig, env_params(args.env, over), "")
     manifest = load_manifest(ROOT / cfg.preprocess.output_dir)
     oracle = np.load(ROOT / args.oracle, mmap_mode="r")
     t0 = time.monotonic()
