@@ -1,5 +1,6 @@
-"""2 ranks on gloo: embedding weight decay (decoupled and l2) and the embedding learning-rate
-schedule under table-, row-, column-wise and data-parallel shards equal one process."""
+"""2 ranks on gloo: embedding weight decay (decoupled and l2), the embedding learning-rate
+schedule and the weights' average (train.average: each rank averages its own pieces) under
+table-, row-, column-wise and data-parallel shards equal one process."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from recscale.embedding import FusedEmbeddingBags, table_init
 from recscale.model import DLRM, ModelConfig
 from recscale.runconfig import TrainConfig
 from recscale.train import TrainStep
+from recscale.train.average import WeightAverage
 from recscale.train.runtime import build_sharded_model
 from recscale.train.step import ShardedStep, make_dense_optimizer
 from tests.distributed import workers as W
@@ -34,6 +36,11 @@ def scenarios() -> list[dict]:
                     "kinds": ["column_wise", "table_wise", "column_wise", "row_wise"]})
     out.append({"name": "column_wise/sgd/decoupled",
                 "emb": {"name": "exact_sgd", "learning_rate": 0.2, "weight_decay": 0.5},
+                "kinds": ["column_wise", "table_wise", "column_wise", "row_wise"]})
+    emb = {"name": "exact_rowwise_adagrad", "learning_rate": 0.2}
+    out.append({"name": "row_wise/average", "emb": emb, "average": 0.7,
+                "kinds": ["table_wise", "row_wise", "row_wise", "data_parallel"]})
+    out.append({"name": "column_wise/average", "emb": emb, "average": 0.7,
                 "kinds": ["column_wise", "table_wise", "column_wise", "row_wise"]})
     return out
 
@@ -58,26 +65,40 @@ def _train(ctx: WorkerContext, scenarios: list[dict], steps: list[list[dict]]) -
                                     feature_names=W.FEATURES, num_dense=W.NUM_DENSE)
         step = ShardedStep(model, make_dense_optimizer(model.dense_parameters(),
                                                        tcfg.dense_optimizer), ctx.world_size)
+        avg = WeightAverage(model, sc["average"]) if sc.get("average") else None
         for parts in steps:
             step(W.to_batch(parts[ctx.rank]))
+            if avg is not None:
+                avg.update()
+        if avg is not None:
+            avg.finish()
         tables = model.embeddings.full_tables(dst=0)
         if ctx.rank == 0:
             out[sc["name"]] = {"tables": [t.numpy() for t in tables[0]],
+                               "dense": [p.detach().numpy().copy() for p in model.dense.parameters()],
                                "rate": model.embeddings.learning_rate}
     return out
 
 
-def reference(emb: dict, steps) -> tuple[list[np.ndarray], float]:
-    """One process, all tables in one fused module, mean loss over each global batch."""
+def reference(emb: dict, steps, average: float | None = None
+              ) -> tuple[list[np.ndarray], float, list[np.ndarray]]:
+    """One process, all tables in one fused module, mean loss over each global batch;
+    -> tables, embedding learning rate, dense parameters (the averages with ``average``)."""
     tcfg = train_cfg(emb)
     inits = [table_init(3, t, r, W.DIM) for t, r in enumerate(W.ROWS)]
     fused = FusedEmbeddingBags(W.ROWS, [W.DIM] * len(W.ROWS), tcfg.embedding_optimizer,
                                initial_weights=inits)
     model = DLRM(W.NUM_DENSE, len(W.ROWS), parse(ModelConfig, W.MODEL, "model"), fused, seed=3)
     step = TrainStep(model, make_dense_optimizer(model.dense_parameters(), tcfg.dense_optimizer))
+    avg = WeightAverage(model, average) if average else None
     for parts in steps:
         step(W.to_batch(W.concat_parts(parts)))
-    return [w.detach().numpy().copy() for w in fused.split_weights()], fused.learning_rate
+        if avg is not None:
+            avg.update()
+    if avg is not None:
+        avg.finish()
+    return ([w.detach().numpy().copy() for w in fused.split_weights()], fused.learning_rate,
+            [p.detach().numpy().copy() for p in model.dense.parameters()])
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +115,14 @@ def distributed(steps):
 @pytest.mark.parametrize("sc", scenarios(), ids=lambda s: s["name"])
 def test_sharded_weight_decay_and_schedule_equal_one_process(distributed, steps, sc):
     got = distributed[sc["name"]]
-    tables, rate = reference(sc["emb"], steps)
-    for t, (a, b) in enumerate(zip(got["tables"], tables)):
+    tables, rate, dense = reference(sc["emb"], steps, sc.get("average"))
+    for t, (a, b) in enumerate(zip(got["tables"], tables, strict=True)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"table {t}")
+    for i, (a, b) in enumerate(zip(got["dense"], dense, strict=True)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"dense parameter {i}")
     assert got["rate"] == pytest.approx(rate)
-    # the decay made a difference: without it the tables end elsewhere
-    plain, _ = reference({k: v for k, v in sc["emb"].items() if k != "weight_decay"}, steps)
+    # the decay (the average) made a difference: without it the tables end elsewhere
+    plain, _, _ = reference({k: v for k, v in sc["emb"].items() if k != "weight_decay"}, steps)
     assert not np.allclose(plain[2], tables[2], rtol=1e-4, atol=1e-5)
     if "schedule" in sc["emb"]:  # step 4: warm-up over, 3 steps into a cosine over 4
         assert rate == pytest.approx(0.2 * 0.5 * (1 + np.cos(np.pi * 3 / 4)))

@@ -24,13 +24,16 @@ from recscale.data.batch import SparseFeatures
 class TableShard:
     """One piece of one table held here: rows [row_offset, +rows), columns [col_offset, +cols).
     ``weight``: a view of its weights; ``states``: views of its fused-optimizer state, [rows]
-    (row-wise) or [rows, cols] (element-wise). Copying into the views restores the piece."""
+    (row-wise) or [rows, cols] (element-wise). Copying into the views restores the piece.
+    ``average``: the training loop's average of ``weight`` (``train.average``), which a checkpoint
+    saves and restores beside it; None: none."""
 
     table: int
     row_offset: int
     col_offset: int
     weight: torch.Tensor
     states: list[torch.Tensor]
+    average: torch.Tensor | None = None
 
     @property
     def key(self) -> str:

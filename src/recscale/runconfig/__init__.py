@@ -3,11 +3,12 @@
 ``comms``, ``model``, ``train``, ``evaluate``), parsed once by the first node of each DLRM
 pipeline, what it resolves to on a dataset (``recipe_for``: the model, ``plan_for_run``: the
 sharding plan), and its own blocks (``TrainConfig`` with ``train.checkpoint``, ``train.dense_optimizer``
-``train.validation``, ``train.early_stopping`` and ``train.fault_injection``; ``EvaluateConfig``). The blocks of the other packages (data,
+``train.validation``, ``train.early_stopping``, ``train.average`` and ``train.fault_injection``; ``EvaluateConfig``). The blocks of the other packages (data,
 sharding, comms, model, embedding, launch) are theirs; this package only puts them together."""
 
 from recscale.runconfig.dlrm import (
     DENSE_OPTIMIZERS,
+    AverageConfig,
     CheckpointConfig,
     DenseOptimizerConfig,
     DLRMConfig,
@@ -21,6 +22,7 @@ from recscale.runconfig.resolve import plan_for_run, recipe_for
 
 __all__ = [
     "DENSE_OPTIMIZERS",
+    "AverageConfig",
     "CheckpointConfig",
     "DLRMConfig",
     "DenseOptimizerConfig",

@@ -204,6 +204,24 @@ class EarlyStoppingConfig(Validated):
 
 
 @dataclass(frozen=True)
+class AverageConfig(Validated):
+    """``train.average``: the model validated, kept as the best step and handed back is an
+    exponential moving average of the weights (every table and the dense layers), updated after
+    each step as ``average = decay * average + (1 - decay) * weights``, while training goes on
+    from the weights themselves. It smooths the last steps' noise (a row-wise Adagrad step moves
+    a row seen thousands of times as far as one seen once). ``decay``: null = off (the last
+    step's weights). The average restarts from the reset tables at each
+    ``train.reinit_embeddings`` epoch; checkpoints carry it. Tables on a slow (DDR/SSD) tier are
+    refused: the average reads every row every step."""
+
+    decay: float | None = None
+
+    def validate(self, prefix: str = "train.average") -> None:
+        check(self.decay is None or 0.0 < self.decay < 1.0, f"{prefix}.decay", self.decay,
+              "null (off) or a number in (0, 1), e.g. 0.99")
+
+
+@dataclass(frozen=True)
 class TrainConfig(Validated):
     batch_size_per_rank: int = 2048  # the global batch is this x launch.world_size
     epochs: int = 1
@@ -238,6 +256,8 @@ class TrainConfig(Validated):
     # the validation split scored while training, and stopping at (and keeping) its best point
     validation: ValidateConfig = field(default_factory=ValidateConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    # the model validated, kept and returned: an exponential average of the weights (null: off)
+    average: AverageConfig = field(default_factory=AverageConfig)
     fault_injection: FaultInjection | None = None
     # ids unseen in training look up a trained row: a share of the train ids routed to their
     # table's unknown row, and untrained rows filled from it (recscale.data.unknown_ids)

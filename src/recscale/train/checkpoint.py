@@ -159,6 +159,10 @@ class Checkpointer:
                 x = x.detach().cpu().contiguous()
                 state[f"{sh.key}.s{i}"] = x
                 ent["states"].append({"shape": list(x.shape), "crc": crc32(x)})
+            if sh.average is not None:  # train.average
+                a = sh.average.detach().cpu().contiguous()
+                state[sh.key + ".a"] = a
+                ent["average"] = {"crc": crc32(a)}
             entries.append(ent)
         for k, v in dense.items():
             state[k] = v
@@ -247,9 +251,11 @@ class Checkpointer:
 
     # ---------------------------------------------------------------------------- restoring
     def restore(self, targets: Sequence[TableShard], dense: torch.nn.Module,
-                opt: torch.optim.Optimizer | None) -> tuple[str, dict] | None:
+                opt: torch.optim.Optimizer | None,
+                dense_average: dict[str, torch.Tensor] | None = None) -> tuple[str, dict] | None:
         """Load the newest usable checkpoint into ``targets`` (this rank's shards, any plan),
-        ``dense`` and ``opt``. -> (path, manifest), or None when there is nothing to resume.
+        ``dense`` and ``opt`` (and the averages of ``train.average``: the targets' ``average``
+        and ``dense_average``). -> (path, manifest), or None when there is nothing to resume.
         A damaged checkpoint is refused (logged, naming the file or shard) and the previous one
         is tried; every rank takes the same decision."""
         dist_on = _distributed(self.group)
@@ -285,7 +291,7 @@ class Checkpointer:
                 touched = True
                 try:
                     load_shards(path, manifest, targets)
-                    load_dense(path, manifest, dense, opt)
+                    load_dense(path, manifest, dense, opt, dense_average)
                     if manifest["world_size"] == self.world_size:
                         load_rng(path, self.rank)
                 except CheckpointRefused as exc:
@@ -308,7 +314,8 @@ class Checkpointer:
         return None
 
     def load(self, path: str, targets: Sequence[TableShard], dense: torch.nn.Module,
-             opt: torch.optim.Optimizer | None) -> dict:
+             opt: torch.optim.Optimizer | None,
+             dense_average: dict[str, torch.Tensor] | None = None) -> dict:
         """Load the checkpoint at ``path`` (one of this run's, e.g. the best validation step's)
         into ``targets``, ``dense`` and ``opt``; the RNG and the data position stay as they are.
         -> its manifest."""
@@ -317,11 +324,12 @@ class Checkpointer:
         if self.rank == 0 or not _distributed(self.group):
             verify_files(path, manifest, hashes=True)
         load_shards(path, manifest, targets)
-        load_dense(path, manifest, dense, opt)
+        load_dense(path, manifest, dense, opt, dense_average)
         return manifest
 
     def init_from_checkpoint(self, targets: Sequence[TableShard], dense: torch.nn.Module,
-                             opt: torch.optim.Optimizer | None) -> str | None:
+                             opt: torch.optim.Optimizer | None,
+                             dense_average: dict[str, torch.Tensor] | None = None) -> str | None:
         """``init_from``: load that checkpoint's tables, dense layers and optimizer state (any
         world size or plan), but none of its progress. -> its path, or None when unset."""
         path = self.cfg.init_from
@@ -340,7 +348,7 @@ class Checkpointer:
         manifest = read_manifest(path)
         load_shards(path, manifest, targets,
                     manifest["fingerprint"]["table_sizes"] if grow else None)
-        load_dense(path, manifest, dense, opt)
+        load_dense(path, manifest, dense, opt, dense_average)
         if self.rank == 0:
             log.info("initialised from checkpoint %s (step %d of run %s): model and optimizer "
                      "state, counters from zero", path, manifest["step"], manifest["run_id"])

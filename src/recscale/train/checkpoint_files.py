@@ -132,7 +132,8 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
     shard whose data does not match, CheckpointError when a target region is not covered.
     ``saved_rows``: the checkpoint's table sizes when the targets' tables are larger (a grown
     vocabulary): the rows at and past them are not in the checkpoint and keep what the targets
-    hold (a fresh model's rows and optimizer state)."""
+    hold (a fresh model's rows and optimizer state). A target with an ``average``
+    (``train.average``) gets the saved average, or the saved weights where there is none."""
     by_table: dict[int, list[dict]] = {}
     for e in manifest["shards"]:
         by_table.setdefault(e["table"], []).append(e)
@@ -154,6 +155,8 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
             if co is not None:
                 covered += (ro[1] - ro[0]) * (co[1] - co[0])
                 request.setdefault(e["key"] + ".w", torch.empty(e["rows"], e["cols"]))
+                if tg.average is not None and "average" in e:
+                    request.setdefault(e["key"] + ".a", torch.empty(e["rows"], e["cols"]))
             for i, st in enumerate(e["states"]):
                 request.setdefault(f"{e['key']}.s{i}", torch.empty(st["shape"]))
         expect = rows * cols
@@ -168,6 +171,8 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
     crcs = {e["key"] + ".w": e["crc"] for e in manifest["shards"]}
     crcs.update({f"{e['key']}.s{i}": s["crc"] for e in manifest["shards"]
                  for i, s in enumerate(e["states"])})
+    crcs.update({e["key"] + ".a": e["average"]["crc"] for e in manifest["shards"]
+                 if "average" in e})
     for key, t in request.items():
         if crc32(t) != crcs[key]:
             raise CheckpointRefused(f"checkpoint {path}: shard {key} fails its CRC-32 checksum")
@@ -180,6 +185,9 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
                 c_s = slice(co[0] - e["col_offset"], co[1] - e["col_offset"])
                 src = request[e["key"] + ".w"][r_s, c_s]
                 tg.weight[r_t, c_t] = src.to(tg.weight.device, tg.weight.dtype)
+                if tg.average is not None:  # a checkpoint without averages: from the weights
+                    avg = request.get(e["key"] + ".a", request[e["key"] + ".w"])[r_s, c_s]
+                    tg.average[r_t, c_t] = avg.to(tg.average.device, tg.average.dtype)
             for i, x in enumerate(tg.states):
                 saved = request[f"{e['key']}.s{i}"]
                 if x.dim() == 1:  # row-wise state: one value per row, whatever the columns
@@ -189,10 +197,16 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
 
 
 def load_dense(path: str, manifest: dict, dense: torch.nn.Module,
-               opt: torch.optim.Optimizer | None) -> None:
-    """Dense parameters (and optimizer state) saved by rank 0, CRC-checked."""
+               opt: torch.optim.Optimizer | None,
+               average: dict[str, torch.Tensor] | None = None) -> None:
+    """Dense parameters (and optimizer state) saved by rank 0, CRC-checked. ``average``: the
+    parameters' averages by name (``train.average``), filled from the checkpoint's, or from the
+    saved parameters where it has none."""
     want = {f"dense.{k}": torch.empty_like(v, device="cpu") for k, v in dense.state_dict().items()}
     crc = manifest["dense_crc"]
+    if average is not None:
+        want.update({f"dense_avg.{k}": torch.empty_like(v, device="cpu")
+                     for k, v in average.items() if f"dense_avg.{k}" in crc})
     if opt is not None:
         want.update({k: None for k in crc if k.startswith("dense_opt.")})
     missing = [k for k in want if k not in crc]
@@ -208,6 +222,9 @@ def load_dense(path: str, manifest: dict, dense: torch.nn.Module,
         if crc32(v) != crc[k]:
             raise CheckpointRefused(f"checkpoint {path}: dense tensor {k} fails its CRC-32 checksum")
     dense.load_state_dict({k[len("dense."):]: v for k, v in want.items() if k.startswith("dense.")})
+    with torch.no_grad():
+        for k, a in (average or {}).items():
+            a.copy_(want.get(f"dense_avg.{k}", want.get(f"dense.{k}")))
     if opt is not None:
         rest = manifest["dense_rest"]
         state: dict[int, dict] = {}

@@ -14,6 +14,7 @@ loader, so it measures the model, not the disk.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -31,6 +32,7 @@ from recscale.data.work import Work, normalize, remaining, rows, share, split
 from recscale.embedding.reset import reset_tables
 from recscale.progress import Progress
 from recscale.runconfig import TrainConfig
+from recscale.train.average import WeightAverage, check_fast_tier
 from recscale.train.checkpoint import Checkpointer, dense_tensors
 from recscale.train.faults import maybe_kill, maybe_poison
 from recscale.train.overlap import OverlapPolicy
@@ -169,13 +171,22 @@ def _reshard(path: str, m: dict, rt: Runtime, data: EpochData, res: RankResult) 
     return _Position(epoch, work=pieces[rt.rank], steps=steps)
 
 
-def _resume(ckpt: Checkpointer, rt: Runtime, data: EpochData, res: RankResult) -> _Position:
-    """Restore the newest usable checkpoint (or ``init_from``) into the runtime; -> where to
-    start. The one place that reads a checkpoint's progress."""
+def _targets(rt: Runtime, average: WeightAverage | None, replicated: bool = True) -> list:
+    """This rank's table pieces as a checkpoint saves and loads them (with their averages)."""
+    shards = rt.model.embeddings.shards(replicated=replicated)
+    return average.shards(shards) if average is not None else shards
+
+
+def _resume(ckpt: Checkpointer, rt: Runtime, data: EpochData, res: RankResult,
+            average: WeightAverage | None = None) -> _Position:
+    """Restore the newest usable checkpoint (or ``init_from``) into the runtime (and
+    ``average``); -> where to start. The one place that reads a checkpoint's progress."""
     emb = rt.model.embeddings
-    got = ckpt.restore(emb.shards(), rt.model.dense, rt.opt)
+    dense_avg = average.dense if average is not None else None
+    got = ckpt.restore(_targets(rt, average), rt.model.dense, rt.opt, dense_avg)
     if got is None:
-        res.initialised_from = ckpt.init_from_checkpoint(emb.shards(), rt.model.dense, rt.opt)
+        res.initialised_from = ckpt.init_from_checkpoint(_targets(rt, average), rt.model.dense,
+                                                         rt.opt, dense_avg)
         if res.initialised_from:
             emb.flush()  # restored views -> slow tier
         return _Position()
@@ -208,11 +219,13 @@ def _resume(ckpt: Checkpointer, rt: Runtime, data: EpochData, res: RankResult) -
 
 
 def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position,
-          validator: Validator | None = None) -> None:
+          validator: Validator | None = None, average: WeightAverage | None = None) -> None:
     emb = rt.model.embeddings
     emb.flush()  # a slow tier's cache is part of the model: the views must be current
     rank0 = rt.rank == 0
     dense, rest = dense_tensors(rt.model.dense, rt.opt) if rank0 else ({}, {})
+    if rank0 and average is not None:
+        dense.update(average.dense_tensors())
     # "work", "rows" and "epoch_steps" let a resume under another world size go on with exactly
     # the rows of this epoch that no rank has trained yet
     progress = {"epoch": pos.epoch, "batches": pos.batch, "samples": res.samples,
@@ -222,7 +235,8 @@ def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position,
         progress["work"] = [list(iv) for iv in pos.work]
     if validator is not None:
         progress["validation"] = validator.state()
-    ckpt.save(res.steps, emb.shards(replicated=rank0), dense, rest, progress, pos.loader_state)
+    ckpt.save(res.steps, _targets(rt, average, replicated=rank0), dense, rest, progress,
+              pos.loader_state)
 
 
 class _LogPoints:
@@ -259,9 +273,11 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     global_batch)`` is called after every step (a job's progress record)."""
     res = RankResult(rank=rt.rank, planned_bytes=rt.planned_bytes)
     t_wall = time.perf_counter()
-    start = _resume(ckpt, rt, data, res) if ckpt is not None else _Position()
-    pos = start
     emb = rt.model.embeddings
+    check_fast_tier(emb, rt.all_gather, cfg.average.decay)
+    average = WeightAverage(rt.model, cfg.average.decay) if cfg.average.decay else None
+    start = _resume(ckpt, rt, data, res, average) if ckpt is not None else _Position()
+    pos = start
     policy = OverlapPolicy(cfg.pipeline)
     limit = cfg.max_steps
     points = _LogPoints(rt, res)
@@ -285,6 +301,11 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     keeping = (validator is not None and cfg.early_stopping.enabled
                and cfg.early_stopping.restore_best)
     snap = None
+
+    def scored():
+        """What a validation point scores: the average (train.average), else the weights."""
+        return average.applied() if average is not None else contextlib.nullcontext()
+
     rt.model.train()
     last: list[Batch | None] = [None]  # the batch fetched last (an empty one copies its features)
     for epoch in range(start.epoch, cfg.epochs):
@@ -304,6 +325,8 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
         if cfg.reinit_embeddings and epoch > 0 and (epoch != start.epoch or (
                 first == 0 and start.work is None)):  # not in a resumed or resharded epoch
             reset_tables(emb, cfg.seed, epoch=epoch + 1 if rt.rank == 0 else None)
+            if average is not None:
+                average.restart_tables()
         if first and start.loader_state is not None:
             loader.load_state_dict(start.loader_state)
         it = iter(loader)
@@ -343,6 +366,8 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                     f"loss is {loss_sum} at step {res.steps + 1}{where}: batch {i} of epoch "
                     f"{epoch + 1}, rows {int(rows.min())}..{int(rows.max())} ({batch.batch_size} "
                     "rows); the last good checkpoint is kept")
+            if average is not None:
+                average.update()
             res.steps += 1
             res.samples += batch.batch_size
             epoch_rows += batch.batch_size
@@ -360,13 +385,17 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 points.point()
             bar.update(res.steps, loss=f"{loss_sum / max(batch.batch_size, 1):.4f}")
             pos = _Position(epoch, i + 1, batch_state, epoch_rows, work, steps)
-            better = val_due and validation_point(rt, validator, res)
-            kept = keep_best(ckpt, rt, res, lambda pos=pos: _save(ckpt, rt, res, pos, validator),
-                             validator, keeping and better) if validator is not None else None
+            better = False
+            if val_due:
+                with scored():
+                    better = validation_point(rt, validator, res)
+            kept = keep_best(ckpt, rt, res,
+                             lambda pos=pos: _save(ckpt, rt, res, pos, validator, average),
+                             validator, keeping and better, average) if validator is not None else None
             if kept is not None:
                 snap = kept
             elif ckpt is not None and validator is None and ckpt.due(res.steps):
-                _save(ckpt, rt, res, pos)
+                _save(ckpt, rt, res, pos, average=average)
             # a reset epoch's points before its end (fresh tables relearning) stop nothing
             judged = not (cfg.reinit_embeddings and epoch > 0 and i + 1 < steps)
             if (val_due and judged and validator.stops(res, rt.rank)) or (limit and res.steps >= limit):
@@ -386,16 +415,20 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
             gc.collect()
     points.point()  # every rank takes part: it is a collective
     if validator is not None and validator.last_step != res.steps and res.steps:
-        if validation_point(rt, validator, res) and keeping and ckpt is not None:  # max_steps ended it
+        with scored():
+            better = validation_point(rt, validator, res)
+        if better and keeping and ckpt is not None:  # max_steps ended it
             validator.best_path = ckpt.path_of(res.steps)
     if ckpt is not None and ckpt.last_saved_step != res.steps:  # the end, unless just saved
-        _save(ckpt, rt, res, pos, validator)
+        _save(ckpt, rt, res, pos, validator, average)
     if validator is not None:
         if keeping:
-            restore_best(ckpt, rt, res, validator, snap)
+            restore_best(ckpt, rt, res, validator, snap, average)
         res.best_step = validator.best_step
         res.best_value = validator.best_value if validator.best_value is not None else float("nan")
         res.validation_points, res.validation_seconds = validator.points, validator.seconds
+    if average is not None:  # the run hands back the average (the best step's, when kept)
+        average.finish()
     bar.close()
     emb.flush()
     res.wall_seconds = time.perf_counter() - t_wall

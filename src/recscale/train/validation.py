@@ -191,18 +191,21 @@ def validation_point(rt, validator: Validator, res) -> bool:
     return better
 
 
-def _snapshot(rt) -> tuple:
-    """A copy in memory of this rank's model and optimizer state (the best step's, when
-    checkpoints are off)."""
+def _snapshot(rt, average=None) -> tuple:
+    """A copy in memory of this rank's model and optimizer state, and of ``average`` (a
+    ``WeightAverage``) when given (the best step's, when checkpoints are off)."""
     emb = rt.model.embeddings
     emb.flush()
     tables = [(sh.weight.detach().clone(), [x.detach().clone() for x in sh.states])
               for sh in emb.shards()]
-    return tables, copy.deepcopy(rt.model.dense.state_dict()), copy.deepcopy(rt.opt.state_dict())
+    return (tables, copy.deepcopy(rt.model.dense.state_dict()), copy.deepcopy(rt.opt.state_dict()),
+            average.snapshot() if average is not None else None)
 
 
-def _restore_snapshot(rt, snap: tuple) -> None:
-    tables, dense, opt = snap
+def _restore_snapshot(rt, snap: tuple, average=None) -> None:
+    tables, dense, opt, averages = snap
+    if average is not None:
+        average.restore(averages)
     emb = rt.model.embeddings
     with torch.no_grad():
         for sh, (w, states) in zip(emb.shards(), tables, strict=True):
@@ -215,12 +218,12 @@ def _restore_snapshot(rt, snap: tuple) -> None:
 
 
 def keep_best(ckpt: Checkpointer | None, rt, res, save: Callable[[], None],
-              validator: Validator, keep: bool) -> tuple | None:
+              validator: Validator, keep: bool, average=None) -> tuple | None:
     """The checkpoint due at this step (``save()`` writes it), and the best step's model when
     ``keep``: its checkpoint (written now if not due, and kept from pruning), or without
-    checkpoints a copy in memory (returned)."""
+    checkpoints a copy in memory (returned; with ``average``'s averages)."""
     if ckpt is None:
-        return _snapshot(rt) if keep else None
+        return _snapshot(rt, average) if keep else None
     if not (keep or ckpt.due(res.steps)):
         return None
     if keep:
@@ -232,19 +235,22 @@ def keep_best(ckpt: Checkpointer | None, rt, res, save: Callable[[], None],
         ckpt.pinned = {validator.best_path}
         return None
     validator.best_path = None  # the write failed: keep it in memory instead
-    return _snapshot(rt)
+    return _snapshot(rt, average)
 
 
 def restore_best(ckpt: Checkpointer | None, rt, res, validator: Validator,
-                 snap: tuple | None) -> None:
-    """End of training: the best validation step's model back into the runtime."""
+                 snap: tuple | None, average=None) -> None:
+    """End of training: the best validation step's model (and ``average``'s averages) back
+    into the runtime."""
     if validator.best_value is None or validator.best_step == res.steps:
         return
     if validator.best_path is not None and ckpt is not None:
-        ckpt.load(validator.best_path, rt.model.embeddings.shards(), rt.model.dense, rt.opt)
+        shards = rt.model.embeddings.shards()
+        ckpt.load(validator.best_path, average.shards(shards) if average is not None else shards,
+                  rt.model.dense, rt.opt, average.dense if average is not None else None)
         rt.model.embeddings.flush()
     elif snap is not None:
-        _restore_snapshot(rt, snap)
+        _restore_snapshot(rt, snap, average)
     else:
         if rt.rank == 0:
             log.warning("the best validation step %d cannot be restored (its checkpoint was not "
