@@ -157,3 +157,25 @@ def test_early_stopping_judges_a_reset_epoch_at_its_end(parquet_dataset):
                    validation={"enabled": True, "per_epoch": 4},
                    early_stopping={"enabled": True, "patience": 1})
     assert plain.result.extra["stopped_early_at"] % STEPS != 0
+
+
+def test_a_reset_epochs_points_before_its_end_count_nothing_towards_the_patience(parquet_dataset):
+    out = _train(parquet_dataset, epochs=5, validation={"enabled": True, "per_epoch": 4},
+                 early_stopping={"enabled": True, "patience": 2})
+    points = [(p["step"], p["value"]) for p in out.result.history["validation.auc"]]
+    # the rule replayed on the recorded points: any point may be the best, but after epoch 1 only
+    # an epoch's end counts when it does not improve
+    best, bad, stop = None, 0, 0
+    for step, v in points:
+        if best is None or v > best:
+            best, bad = v, 0
+        elif step <= STEPS or step % STEPS == 0:
+            bad += 1
+        if bad >= 2 and step % STEPS == 0 or bad >= 2 and step <= STEPS:
+            stop = step
+            break
+    assert out.result.extra["stopped_early_at"] == stop
+    assert out.result.steps == (stop or 5 * STEPS) and points[-1][0] == out.result.steps
+    # and mid-epoch points that did not improve came after the best (so the rule was exercised)
+    assert any(step % STEPS and step > STEPS and v <= max(x for s, x in points if s < step)
+               for step, v in points)

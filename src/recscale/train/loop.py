@@ -385,10 +385,13 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 points.point()
             bar.update(res.steps, loss=f"{loss_sum / max(batch.batch_size, 1):.4f}")
             pos = _Position(epoch, i + 1, batch_state, epoch_rows, work, steps)
+            # a reset epoch's points before its end (fresh tables relearning) stop nothing and
+            # count nothing towards the patience
+            judged = not (cfg.reinit_embeddings and epoch > 0 and i + 1 < steps)
             better = False
             if val_due:
                 with scored():
-                    better = validation_point(rt, validator, res)
+                    better = validation_point(rt, validator, res, counts=judged)
             kept = keep_best(ckpt, rt, res,
                              lambda pos=pos: _save(ckpt, rt, res, pos, validator, average),
                              validator, keeping and better, average) if validator is not None else None
@@ -396,8 +399,6 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
                 snap = kept
             elif ckpt is not None and validator is None and ckpt.due(res.steps):
                 _save(ckpt, rt, res, pos, average=average)
-            # a reset epoch's points before its end (fresh tables relearning) stop nothing
-            judged = not (cfg.reinit_embeddings and epoch > 0 and i + 1 < steps)
             if (val_due and judged and validator.stops(res, rt.rank)) or (limit and res.steps >= limit):
                 done = True
                 break

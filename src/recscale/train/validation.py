@@ -117,8 +117,10 @@ class Validator:
                                   probs[order].astype(np.float64))
 
     # ---------------------------------------------------------------------------- stop
-    def observe(self, step: int, metrics: dict[str, float]) -> bool:
-        """Record one validation point; -> whether it is the best so far."""
+    def observe(self, step: int, metrics: dict[str, float], counts: bool = True) -> bool:
+        """Record one validation point; -> whether it is the best so far. ``counts``: a point
+        that does not improve counts towards ``patience`` (a reset epoch's points before its
+        end do not: its fresh tables are relearning)."""
         self.points += 1
         value = metrics[self.stop.metric]
         sign = 1.0 if self.stop.maximize else -1.0
@@ -127,7 +129,7 @@ class Validator:
             or sign * (value - self.best_value) > self.stop.min_delta)
         if better:
             self.best_value, self.best_step, self.bad = value, step, 0
-        else:
+        elif counts:
             self.bad += 1
         return better
 
@@ -168,13 +170,13 @@ class Validator:
         self.points = int(state.get("points", 0))
 
 
-def validation_point(rt, validator: Validator, res) -> bool:
+def validation_point(rt, validator: Validator, res, counts: bool = True) -> bool:
     """One validation point after step ``res.steps``: its metrics into the history (curves
     ``validation.auc``, ``validation.log_loss``, ``validation.calibration``); -> whether it is
-    the best so far."""
+    the best so far. ``counts``: as ``Validator.observe``."""
     t = time.perf_counter()
     m = validator.score(rt)
-    better = validator.observe(res.steps, m)
+    better = validator.observe(res.steps, m, counts)
     validator.seconds += time.perf_counter() - t
     validator.last_step = res.steps
     for k, v in m.items():
