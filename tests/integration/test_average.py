@@ -1,6 +1,6 @@
 """train.average: the run hands back an exponential average of its weights. It is the fp64
-reference average of every step's tables and dense weights (restarted from the reset tables at a
-reinit epoch), training itself is unchanged by it, validation scores it, early stopping keeps
+reference average of every step's tables and dense weights (normalised; the tables' restarted at
+a reinit epoch), training itself is unchanged by it, validation scores it, early stopping keeps
 the best step's average bitwise (from a checkpoint and from memory), a checkpoint carries it (a
 resume goes on bitwise; a 2-rank checkpoint loads on one process), and tiered tables are refused.
 That 2 ranks average as one process does: tests/distributed/test_regularisation_dist.py."""
@@ -71,13 +71,22 @@ def test_the_model_is_the_reference_average_of_every_steps_weights(parquet_datas
     # into epoch 2 with the tables reset: the tables' average restarts there, the dense goes on
     out = _train(parquet_dataset, epochs=2, reinit_embeddings=True, max_steps=STEPS + 4)
     assert steps["resets"] == [STEPS] and len(steps["weights"]) == STEPS + 4
-    fresh = _weights(_fresh(parquet_dataset))  # where training starts, and what a reset restores
     n_tables = len(out.model.embeddings.split_weights())
-    avg = [w.double() for w in fresh]  # the reference, in fp64
-    for k, w in enumerate(steps["weights"]):
+    # the reference, in fp64: each step's weights weighted by DECAY ** age and normalised, the
+    # tables' from the reset on (so the first step's weights count in full)
+    ages = {"tables": [], "dense": []}
+    for k in range(len(steps["weights"])):
         if k == STEPS:
-            avg = [r.double() for r in fresh[:n_tables]] + avg[n_tables:]
-        avg = [DECAY * a + (1 - DECAY) * x.double() for a, x in zip(avg, w, strict=True)]
+            ages["tables"] = []
+        for g in ages:
+            ages[g] = [a + 1 for a in ages[g]] + [0]
+    avg = []
+    for i in range(len(steps["weights"][0])):
+        g = "tables" if i < n_tables else "dense"
+        first = len(steps["weights"]) - len(ages[g])
+        ws = torch.tensor([DECAY ** a for a in ages[g]], dtype=torch.float64)
+        xs = torch.stack([w[i].double() for w in steps["weights"][first:]])
+        avg.append(torch.tensordot(ws / ws.sum(), xs, dims=1))
     got = _weights(out.model)
     for i, (g, a) in enumerate(zip(got, avg, strict=True)):
         torch.testing.assert_close(g.double(), a, rtol=0, atol=2e-6, msg=f"tensor {i}")

@@ -7,6 +7,13 @@ weights over the last ~1 / (1 - decay) steps removes most of it (docs/results.md
 tried"). Training itself goes on from the weights; the average is what validation scores, what
 early stopping keeps as the best step and what the run returns.
 
+The average is bias-corrected: after t updates it is the weights of those t steps weighted by
+``decay ** age`` and normalised (``average += (weights - average) * (1 - decay) / (1 - decay **
+t)``), so the first update takes the weights as they are, a short run (a test config's few
+steps) is not pulled back towards the initial weights, and a long one is the plain exponential
+average (the correction fades as ``decay ** t``). The tables' count restarts at a
+``train.reinit_embeddings`` epoch; the dense layers' goes on.
+
 ``WeightAverage`` holds one average per table piece this process holds (``shards()``: whole
 tables in one process; sharded, each rank its own pieces and the replicated tables) and one per
 dense parameter. The update is element-wise, so a sharded run's average equals one process's,
@@ -29,10 +36,12 @@ from recscale.embedding.api import TableShard
 class WeightAverage:
     """The averages of ``model``'s table pieces and dense parameters, started at their current
     values; ``update()`` after each step, ``applied()`` to score the average, ``finish()`` to
-    leave the average in the model."""
+    leave the average in the model. ``steps``: the updates each average has had, tables' and
+    dense layers' (a checkpoint's progress carries them: ``state()``)."""
 
     def __init__(self, model, decay: float):
         self.model, self.decay = model, float(decay)
+        self.steps = {"tables": 0, "dense": 0}
         with torch.no_grad():
             self.tables = {sh.key: sh.weight.detach().clone() for sh in self._shards()}
             self.dense = {n: p.detach().clone() for n, p in model.dense.named_parameters()}
@@ -40,25 +49,41 @@ class WeightAverage:
     def _shards(self) -> list[TableShard]:
         return self.model.embeddings.shards(replicated=True)
 
-    def pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(weights, their average) of every table piece and dense parameter."""
-        for sh in self._shards():
-            yield sh.weight, self.tables[sh.key]
-        for n, p in self.model.dense.named_parameters():
-            yield p, self.dense[n]
+    def pairs(self, group: str | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(weights, their average) of every table piece and dense parameter (``group``:
+        "tables" or "dense" only)."""
+        if group in (None, "tables"):
+            for sh in self._shards():
+                yield sh.weight, self.tables[sh.key]
+        if group in (None, "dense"):
+            for n, p in self.model.dense.named_parameters():
+                yield p, self.dense[n]
 
     @torch.no_grad()
     def update(self) -> None:
-        """average = decay * average + (1 - decay) * weights, for every piece."""
-        for w, a in self.pairs():
-            a.mul_(self.decay).add_(w.detach().to(a.dtype), alpha=1.0 - self.decay)
+        """One step into every average: ``average += (weights - average) * rate``, ``rate =
+        (1 - decay) / (1 - decay ** t)`` at its t-th update (1 at the first)."""
+        for group in ("tables", "dense"):
+            self.steps[group] += 1
+            rate = (1.0 - self.decay) / (1.0 - self.decay ** self.steps[group])
+            for w, a in self.pairs(group):
+                a.lerp_(w.detach().to(a.dtype), rate)
 
     @torch.no_grad()
     def restart_tables(self) -> None:
-        """The tables' averages to the tables as they are now (after ``reset_tables``); the
-        dense layers' go on."""
+        """The tables' averages start again (after ``reset_tables``): the next update takes the
+        tables as they are; the dense layers' go on."""
+        self.steps["tables"] = 0
         for sh in self._shards():
             self.tables[sh.key].copy_(sh.weight)
+
+    def state(self) -> dict[str, int]:
+        """What a checkpoint's progress keeps (JSON-able): the update counts."""
+        return dict(self.steps)
+
+    def load_state(self, state: dict | None) -> None:
+        """The counts a checkpoint kept; none (a checkpoint without averages): start again."""
+        self.steps = {k: int((state or {}).get(k, 0)) for k in ("tables", "dense")}
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:

@@ -196,6 +196,8 @@ def _resume(ckpt: Checkpointer, rt: Runtime, data: EpochData, res: RankResult,
     same_world = m["world_size"] == rt.world_size
     mine = progress[str(rt.rank)] if same_world else progress["0"]
     res.validation_state = mine.get("validation")
+    if average is not None:
+        average.load_state(mine.get("average"))
     res.steps, res.global_samples = int(m["step"]), int(mine["global_samples"])
     res.resumed_from = path
     if same_world:  # exactly where this rank stopped, loader state and all
@@ -235,6 +237,8 @@ def _save(ckpt: Checkpointer, rt: Runtime, res: RankResult, pos: _Position,
         progress["work"] = [list(iv) for iv in pos.work]
     if validator is not None:
         progress["validation"] = validator.state()
+    if average is not None:
+        progress["average"] = average.state()
     ckpt.save(res.steps, _targets(rt, average, replicated=rank0), dense, rest, progress,
               pos.loader_state)
 
