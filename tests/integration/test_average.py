@@ -1,6 +1,6 @@
 """train.average: the run hands back an exponential average of its weights. It is the fp64
-reference average of every step's tables and dense weights (normalised; the tables' restarted at
-a reinit epoch), training itself is unchanged by it, validation scores it, early stopping keeps
+reference average of every step's tables and dense weights (normalised, each table row from the
+first step that changed it, again from a reinit epoch's reset), training itself is unchanged by it, validation scores it, early stopping keeps
 the best step's average bitwise (from a checkpoint and from memory), a checkpoint carries it (a
 resume goes on bitwise; a 2-rank checkpoint loads on one process), and tiered tables are refused.
 That 2 ranks average as one process does: tests/distributed/test_regularisation_dist.py."""
@@ -72,21 +72,29 @@ def test_the_model_is_the_reference_average_of_every_steps_weights(parquet_datas
     out = _train(parquet_dataset, epochs=2, reinit_embeddings=True, max_steps=STEPS + 4)
     assert steps["resets"] == [STEPS] and len(steps["weights"]) == STEPS + 4
     n_tables = len(out.model.embeddings.split_weights())
-    # the reference, in fp64: each step's weights weighted by DECAY ** age and normalised, the
-    # tables' from the reset on (so the first step's weights count in full)
-    ages = {"tables": [], "dense": []}
-    for k in range(len(steps["weights"])):
-        if k == STEPS:
-            ages["tables"] = []
-        for g in ages:
-            ages[g] = [a + 1 for a in ages[g]] + [0]
-    avg = []
-    for i in range(len(steps["weights"][0])):
-        g = "tables" if i < n_tables else "dense"
-        first = len(steps["weights"]) - len(ages[g])
-        ws = torch.tensor([DECAY ** a for a in ages[g]], dtype=torch.float64)
-        xs = torch.stack([w[i].double() for w in steps["weights"][first:]])
-        avg.append(torch.tensordot(ws / ws.sum(), xs, dims=1))
+    fresh = _weights(_fresh(parquet_dataset))  # before step 1, and what the reset restores
+    ws = steps["weights"]
+    avg, late = [], 0
+    for i in range(len(fresh)):
+        # the reference, in fp64: each row (a dense parameter as a whole) averages the steps
+        # from the first that changed it (a table's: since the reset), weighted DECAY ** age
+        xs = torch.stack([w[i] for w in ws]).double()
+        before = torch.cat([fresh[i].double().unsqueeze(0), xs[:-1]])
+        if i < n_tables:
+            before[STEPS] = fresh[i].double()  # the reset
+            changed = (xs != before).flatten(2).any(2)[STEPS:]  # [steps since the reset, rows]
+            begin = torch.where(changed.any(0), changed.float().argmax(0) + STEPS, len(ws))
+            late += int(((begin > STEPS) & (begin < len(ws))).sum())
+        else:
+            begin = torch.zeros(1, dtype=torch.long)
+        age = torch.arange(len(ws) - 1, -1, -1, dtype=torch.float64)
+        k = torch.arange(len(ws))
+        wt = (DECAY ** age).unsqueeze(1) * (k.unsqueeze(1) >= begin.unsqueeze(0))  # [steps, rows]
+        ref = torch.einsum("kr,kr...->r...", wt / wt.sum(0).clamp_min(1e-300),
+                           xs.reshape(len(ws), begin.numel(), -1)).reshape(xs.shape[1:])
+        never = (begin == len(ws)).reshape(-1, *([1] * (xs.dim() - 2)))
+        avg.append(torch.where(never, xs[-1], ref))
+    assert late > 100  # rows first changed after the epoch's first step: their own window
     got = _weights(out.model)
     for i, (g, a) in enumerate(zip(got, avg, strict=True)):
         torch.testing.assert_close(g.double(), a, rtol=0, atol=2e-6, msg=f"tensor {i}")

@@ -25,8 +25,9 @@ class TableShard:
     """One piece of one table held here: rows [row_offset, +rows), columns [col_offset, +cols).
     ``weight``: a view of its weights; ``states``: views of its fused-optimizer state, [rows]
     (row-wise) or [rows, cols] (element-wise). Copying into the views restores the piece.
-    ``average``: the training loop's average of ``weight`` (``train.average``), which a checkpoint
-    saves and restores beside it; None: none."""
+    ``average``: the training loop's average of ``weight`` (``train.average``) and
+    ``average_decay`` each row's ``decay ** n`` [rows] (float64), which a checkpoint saves and
+    restores beside it; None: none."""
 
     table: int
     row_offset: int
@@ -34,6 +35,7 @@ class TableShard:
     weight: torch.Tensor
     states: list[torch.Tensor]
     average: torch.Tensor | None = None
+    average_decay: torch.Tensor | None = None
 
     @property
     def key(self) -> str:

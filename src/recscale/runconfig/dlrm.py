@@ -206,13 +206,14 @@ class EarlyStoppingConfig(Validated):
 @dataclass(frozen=True)
 class AverageConfig(Validated):
     """``train.average``: the model validated, kept as the best step and handed back is an
-    exponential moving average of the weights (every table and the dense layers), updated after
-    each step as ``average = decay * average + (1 - decay) * weights``, while training goes on
-    from the weights themselves. It smooths the last steps' noise (a row-wise Adagrad step moves
-    a row seen thousands of times as far as one seen once). ``decay``: null = off (the last
-    step's weights). The average restarts from the reset tables at each
-    ``train.reinit_embeddings`` epoch; checkpoints carry it. Tables on a slow (DDR/SSD) tier are
-    refused: the average reads every row every step."""
+    exponential moving average of the weights (every table and the dense layers), the steps'
+    weights weighted by ``decay ** age`` and normalised, each table row's from the first step
+    that changed it (``recscale.train.average``), while training goes on from the weights
+    themselves. It smooths the last steps' noise (a row-wise Adagrad step moves a row seen
+    thousands of times as far as one seen once). ``decay``: null = off (the last step's
+    weights). Every row starts again at a ``train.reinit_embeddings`` epoch; checkpoints carry
+    the average. Tables on a slow (DDR/SSD) tier are refused: the average reads every row every
+    step."""
 
     decay: float | None = None
 

@@ -3,22 +3,25 @@
 A row-wise Adagrad step moves a row seen thousands of times as far as a row seen once, so the
 last step's tables carry the noise of the last few batches: on the generated click logs, a user
 seen thousands of times has a mean error ten times the planted model's refit. Averaging the
-weights over the last ~1 / (1 - decay) steps removes most of it (docs/results.md, "Settings
-tried"). Training itself goes on from the weights; the average is what validation scores, what
-early stopping keeps as the best step and what the run returns.
+weights over the last ~1 / (1 - decay) steps removes most of it (docs/results.md, "The weights'
+average"). Training itself goes on from the weights; the average is what validation scores,
+what early stopping keeps as the best step and what the run returns.
 
-The average is bias-corrected: after t updates it is the weights of those t steps weighted by
-``decay ** age`` and normalised (``average += (weights - average) * (1 - decay) / (1 - decay **
-t)``), so the first update takes the weights as they are, a short run (a test config's few
-steps) is not pulled back towards the initial weights, and a long one is the plain exponential
-average (the correction fades as ``decay ** t``). The tables' count restarts at a
-``train.reinit_embeddings`` epoch; the dense layers' goes on.
+The average is normalised from where each weight starts to learn: after n updates it is the
+weights of those n steps weighted by ``decay ** age`` (``average += (weights - average) * (1 -
+decay) / (1 - decay ** n)``: the first takes the weights as they are). The dense layers count
+from the first step. A table row counts from the first step that changed it: in a time-ordered
+log, an id that arrives late in training has only its last steps, and an average counted from
+the table's start would hand back mostly its random initial row (on the arriving-ids data, 0.005
+AUC). So ``decay ** n`` is kept per row (1: not changed yet, its average is its weights). At a
+``train.reinit_embeddings`` epoch every row starts again; the dense layers' count goes on.
 
 ``WeightAverage`` holds one average per table piece this process holds (``shards()``: whole
 tables in one process; sharded, each rank its own pieces and the replicated tables) and one per
-dense parameter. The update is element-wise, so a sharded run's average equals one process's,
-and a checkpoint carries it (``Checkpointer.save``/``restore``/``load`` with ``average=``), so
-a resumed or resharded run goes on bitwise. Tables on a slow (DDR/SSD) tier are refused: the
+dense parameter. The update is element-wise, so a sharded run's average equals one process's;
+a checkpoint carries the averages and the rows' counts (``TableShard.average`` and
+``average_decay``; the dense averages as ``dense_avg.*``, their count in the progress), so a
+resumed or resharded run goes on bitwise. Tables on a slow (DDR/SSD) tier are refused: the
 average reads and writes every row every step.
 """
 
@@ -36,54 +39,51 @@ from recscale.embedding.api import TableShard
 class WeightAverage:
     """The averages of ``model``'s table pieces and dense parameters, started at their current
     values; ``update()`` after each step, ``applied()`` to score the average, ``finish()`` to
-    leave the average in the model. ``steps``: the updates each average has had, tables' and
-    dense layers' (a checkpoint's progress carries them: ``state()``)."""
+    leave the average in the model. ``decayed[key]``: each row's ``decay ** n`` (float64);
+    ``dense_steps``: the dense averages' n (a checkpoint's progress carries it: ``state()``)."""
 
     def __init__(self, model, decay: float):
         self.model, self.decay = model, float(decay)
-        self.steps = {"tables": 0, "dense": 0}
+        self.dense_steps = 0
         with torch.no_grad():
             self.tables = {sh.key: sh.weight.detach().clone() for sh in self._shards()}
+            self.decayed = {k: torch.ones(a.shape[0], dtype=torch.float64, device=a.device)
+                            for k, a in self.tables.items()}
             self.dense = {n: p.detach().clone() for n, p in model.dense.named_parameters()}
 
     def _shards(self) -> list[TableShard]:
         return self.model.embeddings.shards(replicated=True)
 
-    def pairs(self, group: str | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(weights, their average) of every table piece and dense parameter (``group``:
-        "tables" or "dense" only)."""
-        if group in (None, "tables"):
-            for sh in self._shards():
-                yield sh.weight, self.tables[sh.key]
-        if group in (None, "dense"):
-            for n, p in self.model.dense.named_parameters():
-                yield p, self.dense[n]
+    def pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(weights, their average) of every table piece and dense parameter."""
+        for sh in self._shards():
+            yield sh.weight, self.tables[sh.key]
+        for n, p in self.model.dense.named_parameters():
+            yield p, self.dense[n]
 
     @torch.no_grad()
     def update(self) -> None:
-        """One step into every average: ``average += (weights - average) * rate``, ``rate =
-        (1 - decay) / (1 - decay ** t)`` at its t-th update (1 at the first)."""
-        for group in ("tables", "dense"):
-            self.steps[group] += 1
-            rate = (1.0 - self.decay) / (1.0 - self.decay ** self.steps[group])
-            for w, a in self.pairs(group):
-                a.lerp_(w.detach().to(a.dtype), rate)
+        """One step into every average (see the module docstring)."""
+        d = self.decay
+        for sh in self._shards():
+            w, a, p = sh.weight.detach(), self.tables[sh.key], self.decayed[sh.key]
+            w = w.to(a.dtype)
+            counting = (p < 1) | (w != a).any(dim=1)  # rows that changed once, or now
+            p.mul_(torch.where(counting, d, 1.0))
+            rate = torch.where(counting, (1.0 - d) / (1.0 - p), 0.0).to(a.dtype)
+            a.lerp_(w, rate.unsqueeze(1))
+        self.dense_steps += 1
+        rate = (1.0 - d) / (1.0 - d ** self.dense_steps)
+        for n, w in self.model.dense.named_parameters():
+            self.dense[n].lerp_(w.detach(), rate)
 
     @torch.no_grad()
     def restart_tables(self) -> None:
-        """The tables' averages start again (after ``reset_tables``): the next update takes the
-        tables as they are; the dense layers' go on."""
-        self.steps["tables"] = 0
+        """Every row starts again (after ``reset_tables``): its average is its weights until a
+        step changes it; the dense layers' averages go on."""
         for sh in self._shards():
             self.tables[sh.key].copy_(sh.weight)
-
-    def state(self) -> dict[str, int]:
-        """What a checkpoint's progress keeps (JSON-able): the update counts."""
-        return dict(self.steps)
-
-    def load_state(self, state: dict | None) -> None:
-        """The counts a checkpoint kept; none (a checkpoint without averages): start again."""
-        self.steps = {k: int((state or {}).get(k, 0)) for k in ("tables", "dense")}
+            self.decayed[sh.key].fill_(1.0)
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
@@ -109,24 +109,36 @@ class WeightAverage:
 
     # ------------------------------------------------------------------------- checkpoints
     def shards(self, shards: list[TableShard]) -> list[TableShard]:
-        """``shards`` (a subset of this process's pieces) with their averages attached, what a
-        checkpoint saves and restores into."""
-        return [replace(sh, average=self.tables[sh.key]) for sh in shards]
+        """``shards`` (a subset of this process's pieces) with their averages and rows' counts
+        attached, what a checkpoint saves and restores into."""
+        return [replace(sh, average=self.tables[sh.key], average_decay=self.decayed[sh.key])
+                for sh in shards]
 
     def dense_tensors(self) -> dict[str, torch.Tensor]:
         """The dense averages as a checkpoint saves them (``dense_avg.<parameter>``)."""
         return {f"dense_avg.{n}": a.detach().cpu() for n, a in self.dense.items()}
 
-    def snapshot(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def state(self) -> dict[str, int]:
+        """What a checkpoint's progress keeps (JSON-able)."""
+        return {"dense_steps": self.dense_steps}
+
+    def load_state(self, state: dict | None) -> None:
+        """What a checkpoint's progress kept; none (a checkpoint without averages): start again."""
+        self.dense_steps = int((state or {}).get("dense_steps", 0))
+
+    def snapshot(self) -> tuple:
         """A copy in memory (the best step's, when checkpoints are off)."""
-        return ([a.clone() for a in self.tables.values()], [a.clone() for a in self.dense.values()])
+        return ([a.clone() for a in self.tables.values()],
+                [p.clone() for p in self.decayed.values()],
+                [a.clone() for a in self.dense.values()], self.dense_steps)
 
     @torch.no_grad()
-    def restore(self, snap: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
-        for a, s in zip(self.tables.values(), snap[0], strict=True):
-            a.copy_(s)
-        for a, s in zip(self.dense.values(), snap[1], strict=True):
-            a.copy_(s)
+    def restore(self, snap: tuple) -> None:
+        tables, decayed, dense, self.dense_steps = snap
+        for mine, saved in ((self.tables.values(), tables), (self.decayed.values(), decayed),
+                            (self.dense.values(), dense)):
+            for a, s in zip(mine, saved, strict=True):
+                a.copy_(s)
 
 
 def check_fast_tier(embeddings, gather, decay: float | None) -> None:

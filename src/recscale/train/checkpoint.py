@@ -159,10 +159,11 @@ class Checkpointer:
                 x = x.detach().cpu().contiguous()
                 state[f"{sh.key}.s{i}"] = x
                 ent["states"].append({"shape": list(x.shape), "crc": crc32(x)})
-            if sh.average is not None:  # train.average
+            if sh.average is not None:  # train.average: the average and its rows' counts
                 a = sh.average.detach().cpu().contiguous()
-                state[sh.key + ".a"] = a
-                ent["average"] = {"crc": crc32(a)}
+                ad = sh.average_decay.detach().cpu().contiguous()
+                state[sh.key + ".a"], state[sh.key + ".ad"] = a, ad
+                ent["average"] = {"crc": crc32(a), "decay_crc": crc32(ad)}
             entries.append(ent)
         for k, v in dense.items():
             state[k] = v

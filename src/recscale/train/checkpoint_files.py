@@ -133,7 +133,8 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
     ``saved_rows``: the checkpoint's table sizes when the targets' tables are larger (a grown
     vocabulary): the rows at and past them are not in the checkpoint and keep what the targets
     hold (a fresh model's rows and optimizer state). A target with an ``average``
-    (``train.average``) gets the saved average, or the saved weights where there is none."""
+    (``train.average``) gets the saved average and rows' counts, or the saved weights (rows not
+    counting yet) where there are none."""
     by_table: dict[int, list[dict]] = {}
     for e in manifest["shards"]:
         by_table.setdefault(e["table"], []).append(e)
@@ -157,6 +158,7 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
                 request.setdefault(e["key"] + ".w", torch.empty(e["rows"], e["cols"]))
                 if tg.average is not None and "average" in e:
                     request.setdefault(e["key"] + ".a", torch.empty(e["rows"], e["cols"]))
+                    request.setdefault(e["key"] + ".ad", torch.empty(e["rows"], dtype=torch.float64))
             for i, st in enumerate(e["states"]):
                 request.setdefault(f"{e['key']}.s{i}", torch.empty(st["shape"]))
         expect = rows * cols
@@ -171,8 +173,10 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
     crcs = {e["key"] + ".w": e["crc"] for e in manifest["shards"]}
     crcs.update({f"{e['key']}.s{i}": s["crc"] for e in manifest["shards"]
                  for i, s in enumerate(e["states"])})
-    crcs.update({e["key"] + ".a": e["average"]["crc"] for e in manifest["shards"]
-                 if "average" in e})
+    for e in manifest["shards"]:
+        if "average" in e:
+            crcs[e["key"] + ".a"] = e["average"]["crc"]
+            crcs[e["key"] + ".ad"] = e["average"]["decay_crc"]
     for key, t in request.items():
         if crc32(t) != crcs[key]:
             raise CheckpointRefused(f"checkpoint {path}: shard {key} fails its CRC-32 checksum")
@@ -185,9 +189,13 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
                 c_s = slice(co[0] - e["col_offset"], co[1] - e["col_offset"])
                 src = request[e["key"] + ".w"][r_s, c_s]
                 tg.weight[r_t, c_t] = src.to(tg.weight.device, tg.weight.dtype)
-                if tg.average is not None:  # a checkpoint without averages: from the weights
+                if tg.average is not None:  # a checkpoint without averages: from the weights,
+                    # every row not yet counting
                     avg = request.get(e["key"] + ".a", request[e["key"] + ".w"])[r_s, c_s]
                     tg.average[r_t, c_t] = avg.to(tg.average.device, tg.average.dtype)
+                    ad = request.get(e["key"] + ".ad")
+                    tg.average_decay[r_t] = 1.0 if ad is None else ad[r_s].to(
+                        tg.average_decay.device)
             for i, x in enumerate(tg.states):
                 saved = request[f"{e['key']}.s{i}"]
                 if x.dim() == 1:  # row-wise state: one value per row, whatever the columns
