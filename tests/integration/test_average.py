@@ -67,9 +67,13 @@ def steps(monkeypatch):
     return seen
 
 
-def test_the_model_is_the_reference_average_of_every_steps_weights(parquet_dataset, steps):
-    # into epoch 2 with the tables reset: the tables' average restarts there, the dense goes on
-    out = _train(parquet_dataset, epochs=2, reinit_embeddings=True, max_steps=STEPS + 4)
+@pytest.mark.parametrize("optimizer", ["exact_rowwise_adagrad", "exact_adagrad", "exact_sgd"])
+def test_the_model_is_the_reference_average_of_every_steps_weights(parquet_dataset, steps,
+                                                                   optimizer):
+    # into epoch 2 with the tables reset: the tables' average restarts there, the dense goes on;
+    # a row's first change read from a row-wise, an element-wise or no optimizer state
+    out = _train(parquet_dataset, epochs=2, reinit_embeddings=True, max_steps=STEPS + 4,
+                 embedding_optimizer={"name": optimizer, "learning_rate": 0.2})
     assert steps["resets"] == [STEPS] and len(steps["weights"]) == STEPS + 4
     n_tables = len(out.model.embeddings.split_weights())
     fresh = _weights(_fresh(parquet_dataset))  # before step 1, and what the reset restores
