@@ -26,8 +26,8 @@ class TableShard:
     ``weight``: a view of its weights; ``states``: views of its fused-optimizer state, [rows]
     (row-wise) or [rows, cols] (element-wise). Copying into the views restores the piece.
     ``average``: the training loop's average of ``weight`` (``train.average``) and
-    ``average_decay`` each row's ``decay ** n`` [rows] (float64), which a checkpoint saves and
-    restores beside it; None: none."""
+    ``average_counts`` each row's count of averaged steps [rows] (int32), which a checkpoint
+    saves and restores beside it; None: none."""
 
     table: int
     row_offset: int
@@ -35,7 +35,7 @@ class TableShard:
     weight: torch.Tensor
     states: list[torch.Tensor]
     average: torch.Tensor | None = None
-    average_decay: torch.Tensor | None = None
+    average_counts: torch.Tensor | None = None
 
     @property
     def key(self) -> str:

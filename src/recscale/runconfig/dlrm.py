@@ -218,8 +218,9 @@ class AverageConfig(Validated):
     decay: float | None = None
 
     def validate(self, prefix: str = "train.average") -> None:
-        check(self.decay is None or 0.0 < self.decay < 1.0, f"{prefix}.decay", self.decay,
-              "null (off) or a number in (0, 1), e.g. 0.99")
+        check(self.decay is None or 0.0 < self.decay <= 0.9999, f"{prefix}.decay", self.decay,
+              "null (off) or a number in (0, 0.9999] (an average over at most ~10,000 steps), "
+              "e.g. 0.99")
 
 
 @dataclass(frozen=True)

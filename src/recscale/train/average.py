@@ -13,14 +13,16 @@ decay) / (1 - decay ** n)``: the first takes the weights as they are). The dense
 from the first step. A table row counts from the first step that changed it: in a time-ordered
 log, an id that arrives late in training has only its last steps, and an average counted from
 the table's start would hand back mostly its random initial row (on the arriving-ids data, 0.005
-AUC). So ``decay ** n`` is kept per row (1: not changed yet, its average is its weights). At a
+AUC). So n is kept per row (0: not changed yet, its average is its weights), and the rate read
+from a table of ``(1 - decay) / (1 - decay ** n)`` by n (float32; past ``decay ** n < 1e-9`` it
+is ``1 - decay``): per-row float64 arithmetic every step cost twice the rest of the update. At a
 ``train.reinit_embeddings`` epoch every row starts again; the dense layers' count goes on.
 
 ``WeightAverage`` holds one average per table piece this process holds (``shards()``: whole
 tables in one process; sharded, each rank its own pieces and the replicated tables) and one per
 dense parameter. The update is element-wise, so a sharded run's average equals one process's;
 a checkpoint carries the averages and the rows' counts (``TableShard.average`` and
-``average_decay``; the dense averages as ``dense_avg.*``, their count in the progress), so a
+``average_counts``; the dense averages as ``dense_avg.*``, their count in the progress), so a
 resumed or resharded run goes on bitwise. Tables on a slow (DDR/SSD) tier are refused: the
 average reads and writes every row every step.
 """
@@ -28,6 +30,7 @@ average reads and writes every row every step.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -39,17 +42,22 @@ from recscale.embedding.api import TableShard
 class WeightAverage:
     """The averages of ``model``'s table pieces and dense parameters, started at their current
     values; ``update()`` after each step, ``applied()`` to score the average, ``finish()`` to
-    leave the average in the model. ``decayed[key]``: each row's ``decay ** n`` (float64);
-    ``dense_steps``: the dense averages' n (a checkpoint's progress carries it: ``state()``)."""
+    leave the average in the model. ``counts[key]``: each row's n (int32); ``dense_steps``: the
+    dense averages' n (a checkpoint's progress carries it: ``state()``)."""
 
     def __init__(self, model, decay: float):
         self.model, self.decay = model, float(decay)
         self.dense_steps = 0
+        d = self.decay
+        last = max(1, math.ceil(math.log(1e-9) / math.log(d)))  # decay ** n below 1e-9 past it
+        self.rates = torch.tensor([0.0] + [(1 - d) / (1 - d ** n) for n in range(1, last + 1)],
+                                  dtype=torch.float64).float()
         with torch.no_grad():
             self.tables = {sh.key: sh.weight.detach().clone() for sh in self._shards()}
-            self.decayed = {k: torch.ones(a.shape[0], dtype=torch.float64, device=a.device)
-                            for k, a in self.tables.items()}
+            self.counts = {k: torch.zeros(a.shape[0], dtype=torch.int32, device=a.device)
+                           for k, a in self.tables.items()}
             self.dense = {n: p.detach().clone() for n, p in model.dense.named_parameters()}
+            self.rates = self.rates.to(next(iter(self.tables.values()), self.rates).device)
 
     def _shards(self) -> list[TableShard]:
         return self.model.embeddings.shards(replicated=True)
@@ -64,13 +72,12 @@ class WeightAverage:
     @torch.no_grad()
     def update(self) -> None:
         """One step into every average (see the module docstring)."""
-        d = self.decay
+        d, last = self.decay, len(self.rates) - 1
         for sh in self._shards():
-            w, a, p = sh.weight.detach(), self.tables[sh.key], self.decayed[sh.key]
+            w, a, n = sh.weight.detach(), self.tables[sh.key], self.counts[sh.key]
             w = w.to(a.dtype)
-            counting = (p < 1) | _touched(sh, w, a)  # rows that changed once, or now
-            p.mul_(torch.where(counting, d, 1.0))
-            rate = torch.where(counting, (1.0 - d) / (1.0 - p), 0.0).to(a.dtype)
+            n.add_(_counting(sh, w, a, n))
+            rate = self.rates.index_select(0, n.clamp(max=last)).to(a.dtype)
             a.lerp_(w, rate.unsqueeze(1))
         self.dense_steps += 1
         rate = (1.0 - d) / (1.0 - d ** self.dense_steps)
@@ -83,7 +90,7 @@ class WeightAverage:
         step changes it; the dense layers' averages go on."""
         for sh in self._shards():
             self.tables[sh.key].copy_(sh.weight)
-            self.decayed[sh.key].fill_(1.0)
+            self.counts[sh.key].zero_()
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
@@ -111,7 +118,7 @@ class WeightAverage:
     def shards(self, shards: list[TableShard]) -> list[TableShard]:
         """``shards`` (a subset of this process's pieces) with their averages and rows' counts
         attached, what a checkpoint saves and restores into."""
-        return [replace(sh, average=self.tables[sh.key], average_decay=self.decayed[sh.key])
+        return [replace(sh, average=self.tables[sh.key], average_counts=self.counts[sh.key])
                 for sh in shards]
 
     def dense_tensors(self) -> dict[str, torch.Tensor]:
@@ -129,27 +136,29 @@ class WeightAverage:
     def snapshot(self) -> tuple:
         """A copy in memory (the best step's, when checkpoints are off)."""
         return ([a.clone() for a in self.tables.values()],
-                [p.clone() for p in self.decayed.values()],
+                [n.clone() for n in self.counts.values()],
                 [a.clone() for a in self.dense.values()], self.dense_steps)
 
     @torch.no_grad()
     def restore(self, snap: tuple) -> None:
-        tables, decayed, dense, self.dense_steps = snap
-        for mine, saved in ((self.tables.values(), tables), (self.decayed.values(), decayed),
+        tables, counts, dense, self.dense_steps = snap
+        for mine, saved in ((self.tables.values(), tables), (self.counts.values(), counts),
                             (self.dense.values(), dense)):
             for a, s in zip(mine, saved, strict=True):
                 a.copy_(s)
 
 
-def _touched(sh: TableShard, w: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """Rows a step has changed: read from the fused optimizer's state (an Adagrad sum is
-    positive from a row's first gradient on, and zeroed with the tables at a reset), which costs
-    a tenth of comparing the weights with their averages (what an optimizer without state,
-    ``exact_sgd``, gets: a row not counting yet has its weights as its average)."""
+def _counting(sh: TableShard, w: torch.Tensor, a: torch.Tensor,
+              n: torch.Tensor) -> torch.Tensor:
+    """Rows whose average counts this step: those a step has changed, now or before. Read from
+    the fused optimizer's state (an Adagrad sum is positive from a row's first gradient on, and
+    zeroed with the tables at a reset), which costs a tenth of comparing the weights with their
+    averages (what an optimizer without state, ``exact_sgd``, gets: a row not counting yet has
+    its weights as its average)."""
     if sh.states:
         st = sh.states[0]
-        return st != 0 if st.dim() == 1 else (st != 0).any(dim=1)
-    return (w != a).any(dim=1)
+        return (st != 0 if st.dim() == 1 else (st != 0).any(dim=1)) | (n > 0)
+    return (w != a).any(dim=1) | (n > 0)
 
 
 def check_fast_tier(embeddings, gather, decay: float | None) -> None:

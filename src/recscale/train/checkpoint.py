@@ -161,9 +161,9 @@ class Checkpointer:
                 ent["states"].append({"shape": list(x.shape), "crc": crc32(x)})
             if sh.average is not None:  # train.average: the average and its rows' counts
                 a = sh.average.detach().cpu().contiguous()
-                ad = sh.average_decay.detach().cpu().contiguous()
-                state[sh.key + ".a"], state[sh.key + ".ad"] = a, ad
-                ent["average"] = {"crc": crc32(a), "decay_crc": crc32(ad)}
+                n = sh.average_counts.detach().cpu().contiguous()
+                state[sh.key + ".a"], state[sh.key + ".n"] = a, n
+                ent["average"] = {"crc": crc32(a), "counts_crc": crc32(n)}
             entries.append(ent)
         for k, v in dense.items():
             state[k] = v

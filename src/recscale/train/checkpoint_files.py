@@ -158,7 +158,7 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
                 request.setdefault(e["key"] + ".w", torch.empty(e["rows"], e["cols"]))
                 if tg.average is not None and "average" in e:
                     request.setdefault(e["key"] + ".a", torch.empty(e["rows"], e["cols"]))
-                    request.setdefault(e["key"] + ".ad", torch.empty(e["rows"], dtype=torch.float64))
+                    request.setdefault(e["key"] + ".n", torch.empty(e["rows"], dtype=torch.int32))
             for i, st in enumerate(e["states"]):
                 request.setdefault(f"{e['key']}.s{i}", torch.empty(st["shape"]))
         expect = rows * cols
@@ -176,7 +176,7 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
     for e in manifest["shards"]:
         if "average" in e:
             crcs[e["key"] + ".a"] = e["average"]["crc"]
-            crcs[e["key"] + ".ad"] = e["average"]["decay_crc"]
+            crcs[e["key"] + ".n"] = e["average"]["counts_crc"]
     for key, t in request.items():
         if crc32(t) != crcs[key]:
             raise CheckpointRefused(f"checkpoint {path}: shard {key} fails its CRC-32 checksum")
@@ -193,9 +193,8 @@ def load_shards(path: str, manifest: dict, targets: Sequence[TableShard],
                     # every row not yet counting
                     avg = request.get(e["key"] + ".a", request[e["key"] + ".w"])[r_s, c_s]
                     tg.average[r_t, c_t] = avg.to(tg.average.device, tg.average.dtype)
-                    ad = request.get(e["key"] + ".ad")
-                    tg.average_decay[r_t] = 1.0 if ad is None else ad[r_s].to(
-                        tg.average_decay.device)
+                    n = request.get(e["key"] + ".n")
+                    tg.average_counts[r_t] = 0 if n is None else n[r_s].to(tg.average_counts.device)
             for i, x in enumerate(tg.states):
                 saved = request[f"{e['key']}.s{i}"]
                 if x.dim() == 1:  # row-wise state: one value per row, whatever the columns
