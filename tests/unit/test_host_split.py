@@ -8,7 +8,7 @@ import pytest
 from recscale.report import summarize
 from recscale.sharding import ShardingPlan, TableSpec, Topology, plan_sharding
 from recscale.sharding.traffic import estimate_comm_bytes
-from recscale.train.loop import RankResult
+from recscale.train.result import RankResult
 
 
 def _plan(world: int, local: int) -> ShardingPlan:
@@ -73,7 +73,7 @@ def test_the_step_time_split_leaves_out_the_warmup_steps():
     """rank<r>.step_ms / comm_ms / compute_ms are the step a rank runs: its mean after the first
     WARMUP_STEPS (buffers allocated, connections opened, DDP's buckets rebuilt), where the run
     took more; the warm-up's own mean is rank<r>.warmup_ms."""
-    from recscale.train.loop import WARMUP_STEPS
+    from recscale.train.result import WARMUP_STEPS
 
     assert WARMUP_STEPS == 2
     res = RankResult(rank=0, steps=10, samples=100, step_seconds=1.0 + 8 * 0.05,

@@ -177,7 +177,8 @@ def test_train_holds_the_loop_runtimes_steps_checkpoints_jobs_and_entry_point_on
     """``train/`` by job (its ``__init__`` says which module is which), no module of it over
     about 400 lines."""
     allowed = {"__init__", "entry", "loop", "overlap", "faults", "runtime", "step", "hf_step",
-               "checkpoint", "checkpoint_files", "rank", "job_worker", "validation"}
+               "checkpoint", "checkpoint_files", "rank", "job_worker", "validation", "average",
+               "result"}
     found = {p.stem for p in (SRC / "train").glob("*.py")}
     assert found <= allowed, sorted(found - allowed)
     doc = (SRC / "train" / "__init__.py").read_text()

@@ -155,7 +155,7 @@ def test_state_dict_loads_with_weights_only(tmp_path):
         ("model", {"top_mlp": [64, 2]}, r"model\.top_mlp"),
         ("model", {"interaction": "cross"}, r"model\.interaction='cross'"),
         ("train", {"batchsize": 10}, r"unknown key train\.batchsize \(did you mean 'batch_size_per_rank'\?\); allowed keys under "
-         r"train: batch_size_per_rank"),
+         r"train: average, batch_size_per_rank"),
         ("train", {"batch_size_per_rank": "big"},
          r"train\.batch_size_per_rank='big' is not allowed: expected an integer"),
     ],

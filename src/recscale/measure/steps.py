@@ -48,7 +48,7 @@ from recscale.sharding.step_time import predict_step
 from recscale.train.loop import EpochData, run_loop
 from recscale.train.runtime import ShardedRuntime
 
-STEPS = 12  # per point; the loop's warm-up steps (loop.WARMUP_STEPS) are left out
+STEPS = 12  # per point; the loop's warm-up steps (result.WARMUP_STEPS) are left out
 # the link rates each point is also predicted at, as factors of the measured one: 1/4 to 4
 RATE_FACTORS = tuple(2.0 ** (k / 8) for k in range(-16, 17))
 

@@ -1,4 +1,4 @@
-"""A run's result from its ranks' (``RankResult`` dicts, one per rank, from ``recscale.train.loop``):
+"""A run's result from its ranks' (``RankResult`` dicts, one per rank, from ``recscale.train.result``):
 its counters, rank 0's history, and the metrics a run logs (per-rank time split after the
 warm-up steps, bytes per collective and split by the plan's hosts, tiers)."""
 
@@ -88,7 +88,7 @@ def summarize(results: dict[int, dict]) -> TrainResult:
     }
     for rank, r in sorted(results.items()):
         steps = max(r["steps"], 1)
-        # the step a rank runs: its mean after the warm-up steps (loop.WARMUP_STEPS)
+        # the step a rank runs: its mean after the warm-up steps (result.WARMUP_STEPS)
         out[f"rank{rank}.step_ms"] = 1e3 * steady_per_step(
             r["step_seconds"], r["warmup_seconds"], r["steps"], r["warmup_steps"])
         out[f"rank{rank}.comm_ms"] = 1e3 * steady_per_step(
