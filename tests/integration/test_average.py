@@ -183,6 +183,19 @@ def test_a_two_rank_checkpoint_carries_its_average_to_one_process(parquet_datase
     # (that 2 ranks average as one process does: tests/distributed/test_regularisation_dist.py)
 
 
+def test_auto_decay_is_the_number_of_an_eighth_of_the_epoch_and_is_reported(parquet_dataset):
+    from recscale.train.average import auto_decay
+
+    # 20 of the epoch's 38 steps: a horizon of max(2, 20 / 8) steps, 0.6
+    auto = _train(parquet_dataset, max_steps=20, average={"decay": "auto"})
+    assert auto.result.extra["average_decay"] == pytest.approx(0.6) == auto_decay(STEPS, 20)
+    _same(auto.model, _train(parquet_dataset, max_steps=20, average={"decay": 0.6}).model)
+    other = _train(parquet_dataset, max_steps=20, average={"decay": 0.9})
+    assert other.result.extra["average_decay"] == 0.9
+    assert not all(torch.equal(a, b) for a, b in zip(_weights(auto.model), _weights(other.model),
+                                                     strict=True))
+
+
 def test_tables_on_a_slow_tier_and_a_bad_decay_are_refused_naming_the_key(parquet_dataset,
                                                                           tmp_path):
     from recscale.runconfig import DLRMConfig, plan_for_run

@@ -396,3 +396,31 @@ def test_dense_weight_decay_is_the_coupled_l2_of_the_dense_optimizer():
     dense_step(opt)
     want = w0 - 0.1 * (grad.double() + 0.5 * w0)
     np.testing.assert_allclose(p.detach().numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("steps, max_steps, horizon", [
+    (782, None, 782 / 8),  # the default's epochs: ~0.99
+    (157, None, 157 / 8),  # ratings': ~0.95
+    (32, None, 4.0),       # conf/test's one epoch
+    (3125, None, 100.0),   # mlperf_dcnv2's: the longest horizon
+    (8, None, 2.0),        # the shortest
+    (782, 40, 5.0),        # max_steps shorter than the epoch
+    (None, None, 100.0),   # neither known
+])
+def test_auto_decay_averages_over_an_eighth_of_an_epoch_at_most_100_steps(steps, max_steps,
+                                                                         horizon):
+    from recscale.train.average import auto_decay, resolve_decay
+
+    assert auto_decay(steps, max_steps) == pytest.approx(1 - 1 / horizon, abs=1e-12)
+    assert resolve_decay("auto", steps, max_steps) == auto_decay(steps, max_steps)
+    assert resolve_decay(0.9, steps, max_steps) == 0.9 and resolve_decay(None, steps) is None
+
+
+def test_average_decay_accepts_auto_a_number_or_null_and_names_the_key_otherwise():
+    from recscale.runconfig import TrainConfig
+
+    for ok in ("auto", 0.5, 0.9999, None):
+        assert parse(TrainConfig, {"average": {"decay": ok}}, "train").average.decay == ok
+    for bad in ("often", 0.0, 1.0, -0.5, True):
+        with pytest.raises(ConfigError, match=r"train\.average\.decay"):
+            parse(TrainConfig, {"average": {"decay": bad}}, "train")

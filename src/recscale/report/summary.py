@@ -85,6 +85,7 @@ def summarize(results: dict[int, dict]) -> TrainResult:
         "stopped_early_at": r0.get("stopped_early_at", 0),
         "pruned_at": r0.get("pruned_at", 0),
         "restored_best": int(bool(r0.get("restored_best", False))),
+        "average_decay": r0.get("average_decay", 0.0),  # train.average, "auto" resolved
     }
     for rank, r in sorted(results.items()):
         steps = max(r["steps"], 1)

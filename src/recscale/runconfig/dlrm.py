@@ -210,17 +210,20 @@ class AverageConfig(Validated):
     weights weighted by ``decay ** age`` and normalised, each table row's from the first step
     that changed it (``recscale.train.average``), while training goes on from the weights
     themselves. It smooths the last steps' noise (a row-wise Adagrad step moves a row seen
-    thousands of times as far as one seen once). ``decay``: null = off (the last step's
-    weights). Every row starts again at a ``train.reinit_embeddings`` epoch; checkpoints carry
-    the average. Tables on a slow (DDR/SSD) tier are refused: the average reads every row every
-    step."""
+    thousands of times as far as one seen once). ``decay``: ``auto`` = an average over an eighth
+    of an epoch's steps, at most 100 steps (``average.auto_decay``); a number in (0, 0.9999]; null
+    = off (the last step's weights). Every row starts again at a ``train.reinit_embeddings``
+    epoch; checkpoints carry the average. Tables on a slow (DDR/SSD) tier are refused: the
+    average reads every row every step."""
 
-    decay: float | None = None
+    decay: float | Literal["auto"] | None = None
 
     def validate(self, prefix: str = "train.average") -> None:
-        check(self.decay is None or 0.0 < self.decay <= 0.9999, f"{prefix}.decay", self.decay,
-              "null (off) or a number in (0, 0.9999] (an average over at most ~10,000 steps), "
-              "e.g. 0.99")
+        d = self.decay
+        number = isinstance(d, (int, float)) and not isinstance(d, bool)
+        check(d is None or d == "auto" or (number and 0.0 < d <= 0.9999), f"{prefix}.decay", d,
+              "auto (over an eighth of an epoch's steps, at most 100), null (off) or a number "
+              "in (0, 0.9999] (an average over at most ~10,000 steps), e.g. 0.99")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from recscale.data.work import Work, normalize, remaining, rows, share, split
 from recscale.embedding.reset import reset_tables
 from recscale.progress import Progress
 from recscale.runconfig import TrainConfig
-from recscale.train.average import WeightAverage, check_fast_tier
+from recscale.train.average import WeightAverage, check_fast_tier, resolve_decay
 from recscale.train.checkpoint import Checkpointer, dense_tensors
 from recscale.train.faults import maybe_kill, maybe_poison
 from recscale.train.overlap import OverlapPolicy
@@ -225,8 +225,13 @@ def run_loop(rt: Runtime, data: EpochData, cfg: TrainConfig,
     res = RankResult(rank=rt.rank, planned_bytes=rt.planned_bytes)
     t_wall = time.perf_counter()
     emb = rt.model.embeddings
+    decay = resolve_decay(cfg.average.decay, data.steps_per_epoch, cfg.max_steps)
     check_fast_tier(emb, rt.all_gather, cfg.average.decay)
-    average = WeightAverage(rt.model, cfg.average.decay) if cfg.average.decay else None
+    average = WeightAverage(rt.model, decay) if decay else None
+    res.average_decay = decay or 0.0
+    if rt.rank == 0 and cfg.average.decay == "auto":
+        log.info("train.average.decay: auto = %.4f, the weights averaged over ~%.0f steps "
+                 "(an epoch: %s steps)", decay, 1 / (1 - decay), data.steps_per_epoch or "unknown")
     start = _resume(ckpt, rt, data, res, average) if ckpt is not None else _Position()
     pos = start
     policy = OverlapPolicy(cfg.pipeline)

@@ -58,3 +58,4 @@ class RankResult:
     validation_points: int = 0
     validation_seconds: float = 0.0
     validation_state: dict | None = None  # the early-stopping state a checkpoint carried
+    average_decay: float = 0.0  # train.average's decay as the run used it (0: off)
