@@ -114,6 +114,8 @@ def train_dlrm(manifest: dict, model_cfg: ModelConfig, train_cfg: TrainConfig,
         stop = (f"; early stopping ended it at step {ex['stopped_early_at']}"
                 if ex.get("stopped_early_at") else "")
         which = "the best step's" if ex.get("restored_best") else "the last step's"
+        if ex.get("average_decay"):
+            which += f" average of the weights (decay {ex['average_decay']:.4f})"
         log.info("validation: %d points in %.1f s, best %s %.4f at step %d%s; the model is %s",
                  ex["validation_points"], ex["validation_seconds"],
                  train_cfg.early_stopping.metric, ex["best_validation_value"], ex["best_step"],
