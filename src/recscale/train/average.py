@@ -31,7 +31,7 @@ stretch (an epoch, or ``max_steps`` if fewer), at most 100 steps: the average la
 about its horizon, so it must be short against the run. Measured (docs/results.md): with
 782-step epochs a horizon of ~100 steps (0.99) was best or level and 200 (0.995) lost 0.0006
 validation AUC; 157-step epochs wanted ~20 (0.95), where 0.99 lost 0.002; conf/test's one
-32-step epoch lost 0.029 test AUC at 0.99 and nothing at 0.75 (a horizon of 4).
+32-step epoch lost 0.029 test AUC at 0.99 and 0.001 at 0.75 (a horizon of 4).
 """
 
 from __future__ import annotations
