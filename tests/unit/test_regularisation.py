@@ -45,7 +45,7 @@ def random_batch(rng: np.random.Generator, rows=ROWS, batch=B, max_len=4,
                           torch.from_numpy(lengths).long(), weights)
 
 
-def reference_step(tables, states, sparse, grad_out, name, mode, lr, wd):
+def reference_step(tables, states, sparse, grad_out, name, mode, lr, wd, eps=EPS):
     """One fused update in fp64: each touched row's summed gradient (+ wd x row for l2), the
     optimizer, then x (1 - lr wd) for decoupled. ``tables``/``states``: lists of fp64 [rows, d]
     (element-wise state) or [rows] (row-wise), updated in place."""
@@ -70,10 +70,10 @@ def reference_step(tables, states, sparse, grad_out, name, mode, lr, wd):
                 w = w - lr * g
             elif name == "exact_adagrad":
                 states[t][r] += g * g
-                w = w - lr * g / (states[t][r].sqrt() + EPS)
+                w = w - lr * g / (states[t][r].sqrt() + eps)
             else:  # row-wise Adagrad: one state per row, the mean of the squared gradient
                 states[t][r] += (g * g).mean()
-                w = w - lr * g / (states[t][r].sqrt() + EPS)
+                w = w - lr * g / (states[t][r].sqrt() + eps)
             if mode == "decoupled":
                 w = w * (1.0 - lr * wd)
             tables[t][r] = w
@@ -127,6 +127,33 @@ def test_embedding_weight_decay_equals_the_fp64_reference_update(name, mode, wei
         grad_out = torch.randn((B, sum(DIMS)), generator=g2)
         reference_step(plain, st2, sparse, grad_out.double(), name, "none", lr, 0.0)
     assert not np.allclose(plain[0].numpy(), ref[0].numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["exact_rowwise_adagrad", "exact_adagrad"])
+def test_adagrad_eps_of_the_gradients_size_equals_the_fp64_reference_update(name):
+    """``train.embedding_optimizer.eps`` (3e-4 by default, the size of a rare row's gradient)
+    reaches fbgemm's fused update: rows whose accumulated gradient is about eps move by about
+    lr x gradient / eps, as the reference says, and not as with a negligible eps."""
+    eps = 0.7  # the gradients here are N(0, 1) summed over a few ids: the root of a state ~1
+    rng = np.random.default_rng(12)
+    m = FusedEmbeddingBags(ROWS, DIMS, EmbeddingOptimizerConfig(
+        name=name, learning_rate=LR, eps=eps), seed=6)
+    init = [w.detach().double().clone() for w in m.split_weights()]
+    ref, tiny = [w.clone() for w in init], [w.clone() for w in init]
+    states, tiny_states = fresh_states(name, ref), fresh_states(name, tiny)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        sparse = random_batch(rng)
+        out = m(sparse)
+        grad_out = torch.randn(out.shape, generator=g)
+        (out * grad_out).sum().backward()
+        reference_step(ref, states, sparse, grad_out.double(), name, "none", LR, 0.0, eps=eps)
+        reference_step(tiny, tiny_states, sparse, grad_out.double(), name, "none", LR, 0.0)
+    for t, (w, r, x) in enumerate(zip(m.split_weights(), ref, tiny)):
+        np.testing.assert_allclose(w.detach().numpy(), r.numpy(), rtol=2e-5, atol=1e-6,
+                                   err_msg=f"table {t}")
+        moved, moved_tiny = (r - init[t]).abs().sum(), (x - init[t]).abs().sum()
+        assert moved < 0.8 * moved_tiny, f"table {t}: eps {eps} damps no step"
 
 
 def test_weight_decay_is_off_outside_training_and_without_a_backward():
