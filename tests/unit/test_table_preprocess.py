@@ -253,6 +253,9 @@ def test_numbers_stored_as_strings_in_parquet_parse_as_in_text(tmp_path, rng):
     pq.write_table(pa.table({"label": click, "price": price, "item": item}), tmp_path / "n.parquet")
     as_text = {"label": [str(v) for v in click], "price": [str(v) for v in price], "item": item}
     as_text["price"][3], as_text["label"][5] = "abc", "x"  # rows 3 and 5 do not parse
+    # spaces around a number, and a sign, as hand-written CSV has them: the same numbers
+    as_text["price"][7], as_text["price"][9] = f" {price[7]}", f"+{price[9]} "
+    as_text["label"][11] = f" {click[11]}\t"
     pq.write_table(pa.table(as_text), tmp_path / "s.parquet")
     assert pa.types.is_string(pq.read_schema(tmp_path / "s.parquet").field("price").type)
     ref = rows_of(load_manifest(preprocess_table(
