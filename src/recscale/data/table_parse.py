@@ -59,11 +59,12 @@ def _floats(col: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     number)."""
     bad = np.zeros(len(col), bool)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        empty = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(col), ""), True)
+        # the pattern allows spaces around a number (" 5" after a comma); Arrow's cast does not
+        trimmed = pc.utf8_trim_whitespace(col)
+        empty = pc.fill_null(pc.equal(trimmed, ""), True)
         ok = pc.fill_null(pc.match_substring_regex(col, _NUMBER), False)
         bad = ~np.asarray(pc.or_(empty, ok).to_numpy(zero_copy_only=False), dtype=bool)
-        # the pattern allows spaces around a number (" 5" after a comma); Arrow's cast does not
-        col = pc.if_else(ok, pc.utf8_trim_whitespace(col), pa.scalar(None, col.type))
+        col = pc.if_else(ok, trimmed, pa.scalar(None, col.type))
     x = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
     present = ~np.isnan(x)
     return np.where(present, x, 0.0), present, bad
