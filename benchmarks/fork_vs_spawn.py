@@ -2,7 +2,8 @@
 default, ``train.launch.start_method: forkserver``) against freshly spawned interpreters.
 
 Each launch starts ``--world-size`` gloo ranks that import the training package, join a process
-group, pass a barrier and leave; launches of the two kinds alternate, the first forkserver launch
+group, wrap a layer in DDP (as a training worker does: it imports torch._dynamo), pass a barrier
+and leave; launches of the two kinds alternate, the first forkserver launch
 (which starts the server) is reported apart, and the medians and their ratio are printed.
 
     python benchmarks/fork_vs_spawn.py --reps 5
@@ -18,8 +19,10 @@ from recscale.distributed import LaunchConfig, launch, run_in_group, worker_entr
 
 
 def _barrier(ctx) -> int:
+    import torch
     import torch.distributed as dist
 
+    torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))  # imports torch._dynamo
     dist.barrier()
     return ctx.rank
 
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             times[method].append(once(method))
     med = {m: statistics.median(t) for m, t in times.items()}
     print(f"{args.world_size} ranks, median of {args.reps} launches (each: import recscale.train, "
-          f"join a gloo group, barrier, leave)")
+          f"join a gloo group, DDP, barrier, leave)")
     print(f"  first forkserver launch (starts the server): {first:.2f} s")
     for m, t in times.items():
         print(f"  {m:10s} {med[m]:.2f} s   ({', '.join(f'{x:.2f}' for x in t)})")

@@ -9,6 +9,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from recscale.config import parse
 from recscale.distributed import LaunchConfig, WorkerFailedError, launch
+from recscale.distributed.launch import CPU_BUILD_PRELOAD, forkserver_preload
 from recscale.model import ModelConfig
 from recscale.runconfig import TrainConfig
 from recscale.scoring import evaluate_dlrm
@@ -99,6 +100,17 @@ def test_a_worker_sees_the_launchers_environment_at_launch_time(monkeypatch):
     assert launch(W.environment_worker, (names,), cfg) == want
     spawned = LaunchConfig(world_size=2, start_method="spawn")
     assert launch(W.environment_worker, (names,), spawned) == want
+
+
+def test_a_forked_worker_starts_with_what_every_worker_imports_already_imported():
+    """The fork server imports them once (on a torch built for neither CUDA nor ROCm, DDP's
+    torch._dynamo and the training modules with fbgemm too), so a launch or an elastic restart
+    does not import them again in every worker: a name multiprocessing cannot import it skips
+    without a word, and a worker would import it itself."""
+    names = forkserver_preload()
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        assert set(CPU_BUILD_PRELOAD) <= set(names)
+    assert launch(W.modules_loaded, (names,), LaunchConfig(world_size=2)) == {0: names, 1: names}
 
 
 def test_a_worker_exception_fails_the_run_with_its_traceback():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import numpy as np
 import torch
@@ -204,6 +205,12 @@ def _memory(ctx: WorkerContext, plan_d: dict) -> dict:
 def environment_worker(names: list[str]) -> dict[str, str | None]:
     """This worker's values of ``names`` (no process group needed)."""
     return {n: os.environ.get(n) for n in names}
+
+
+@worker_entry
+def modules_loaded(names: list[str]) -> list[str]:
+    """Those of ``names`` this worker has imported when it starts."""
+    return [n for n in names if n in sys.modules]
 
 
 @worker_entry
