@@ -45,14 +45,18 @@ bench-preprocess: install system-packages
 # one worker, as an e2e file's tests share its runs): single-process Python, or `kedro run`s whose
 # work is mostly one core's; then everything that starts ranks or hosts of its own, one test at a
 # time (two at once gained nothing there). Both halves run whatever the first's result, each in
-# its own random order (its seed printed)
+# its own random order (its seed printed). The project's modules are compiled first: where
+# PYTHONDONTWRITEBYTECODE is set (it is on our machines), every process the tests start would
+# otherwise compile them again from source
 test: install system-packages airflow
+	$(BIN)/python -m compileall -q -j 2 src tests > /dev/null
 	$(BIN)/python -m pytest tests/unit tests/planner tests/e2e -n 2 --dist loadfile; a=$$?; \
 	$(BIN)/python -m pytest --ignore=tests/unit --ignore=tests/planner --ignore=tests/e2e; b=$$?; \
 	test $$a -eq 0 -a $$b -eq 0
 
 # the unit tests alone (no processes, no training runs, no Spark, no planning of drawn mixes)
 test-fast: install
+	$(BIN)/python -m compileall -q -j 2 src tests > /dev/null
 	$(BIN)/python -m pytest tests/unit -q -n 2
 
 # the planner's geometry, properties and balance over drawn mixes (CPU minutes; `make test` runs them)
