@@ -55,3 +55,31 @@ def test_a_misspelt_block_in_params_or_in_an_env_stops_the_run_naming_it(tmp_pat
     assert "unknown parameter block 'evalute' (did you mean 'evaluate'?)" in res.stderr, \
         res.stderr[-3000:]
     assert "Running node" not in res.stderr + res.stdout  # stopped before any node
+
+
+def test_a_kedro_command_forked_by_the_tests_prints_and_ends_as_a_fresh_kedro(tmp_path,
+                                                                                 monkeypatch):
+    """The end-to-end tests fork their `kedro` commands from one process that has imported Kedro,
+    MLflow, torch and the pipelines (tests/e2e/kedro_zygote.py): a command must print what a
+    fresh `kedro` prints (the copy's conf/logging.yml format, the error) and end with its status."""
+    import re
+
+    proj = make_project_copy(tmp_path)
+    args = ("run", "--pipeline=dlrm", "--env=test", "--params=trian.epochs=2")
+    ok = ("run", "--pipeline=dlrm", "--env=test", "--to-nodes=parse_dlrm_config")
+    forked = [kedro(proj, *args, check=False), kedro(proj, *ok)]
+    monkeypatch.setenv("RECSCALE_TEST_KEDRO_FORK", "0")
+    fresh = [kedro(proj, *args, check=False), kedro(proj, *ok)]
+
+    def lines(text):  # timestamps, the run's own ids and a traceback's frames aside (the
+        # forked command's outermost frames are the fork server's, not the `kedro` script's)
+        text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+", "T", text)
+        return [x for x in re.sub(r"[0-9a-f]{32}", "ID", text).splitlines()
+                if not x.startswith(" ")]
+
+    for a, b in zip(forked, fresh):
+        assert a.returncode == b.returncode
+        assert lines(a.stdout) == lines(b.stdout)
+        assert lines(a.stderr) == lines(b.stderr)
+    assert forked[0].returncode != 0 and "unknown parameter block 'trian'" in forked[0].stderr
+    assert re.search(r"^\d{4}-\S+ \S+ INFO kedro", forked[1].stderr, re.M), forked[1].stderr[-2000:]
