@@ -40,6 +40,21 @@ def test_reader_round_trips_generated_tsv_exactly(synthetic_tsv, chunk_bytes):
         assert data == fh.read()
 
 
+def test_a_reader_told_the_lines_it_needs_stops_at_the_first_chunk_past_them(synthetic_tsv):
+    """The vocabulary's counting pass needs only the train split's lines: chunks that start at or
+    after ``before_line`` are not parsed, and every line before it is read as in a full pass."""
+    cfg, rep = synthetic_tsv
+    full = list(read_criteo_tsv(rep.path, chunk_bytes=50_000))
+    assert len(full) >= 4
+    stop = int(np.random.default_rng(7).integers(2, full[len(full) // 2].line[-1]))
+    part = list(read_criteo_tsv(rep.path, chunk_bytes=50_000, before_line=stop))
+    assert part[0].line[0] == 1 and part[-1].line[0] < stop <= part[-1].line[-1] + 1
+    assert len(part) < len(full)  # what follows was not read
+    for a, b in zip(part, full):
+        for f in ("line", "label", "dense", "dense_present", "sparse", "sparse_present"):
+            assert np.array_equal(getattr(a, f), getattr(b, f)), f
+
+
 def _good_line(rng):
     dense = [str(int(x)) if rng.random() > 0.2 else "" for x in rng.integers(-2, 1000, NUM_DENSE)]
     sparse = [f"{int(x):08x}" if rng.random() > 0.1 else "" for x in rng.integers(0, 2**32, NUM_SPARSE)]

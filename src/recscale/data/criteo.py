@@ -363,17 +363,22 @@ def read_criteo_tsv(
     path: str | os.PathLike,
     rejects: RejectLog | None = None,
     chunk_bytes: int = 1 << 25,
+    before_line: int | None = None,
 ) -> Iterator[CriteoBlock]:
     """Stream a Criteo TSV file as parsed blocks of at most ``chunk_bytes`` of input each.
 
     Every line either appears in a yielded block (with its line number) or is recorded in
     ``rejects``; nothing is dropped silently. Memory stays bounded by a few times ``chunk_bytes``.
+    ``before_line``: the caller needs only the lines before this one (1-based); reading stops at
+    the first chunk that starts at or after it (the last block read may hold later lines).
     """
     if chunk_bytes < 1024:
         raise ValueError(f"chunk_bytes={chunk_bytes} is too small: expected at least 1024")
     rejects = rejects if rejects is not None else RejectLog(path=None, max_fraction=1.0)
     source = str(path)
     for first_line, buf in _line_chunks(path, chunk_bytes):
+        if before_line is not None and first_line >= before_line:
+            return
         block = _parse_block(buf, first_line, source, rejects)
         if len(block):
             yield block

@@ -111,7 +111,8 @@ def _count_train_ids(files: Sequence[str | os.PathLike], offsets: np.ndarray,
         if offset >= train_end:
             continue
         quiet = RejectLog(path=None, max_fraction=1.0)  # the main pass records the rejects
-        for block in read_criteo_tsv(f, quiet, chunk_bytes):
+        # the file's lines from train_end on are not read: their ids count nothing
+        for block in read_criteo_tsv(f, quiet, chunk_bytes, before_line=train_end - offset + 1):
             keep = block.line - 1 + offset < train_end
             counter.add(block.sparse[keep], block.sparse_present[keep])
     return counter
