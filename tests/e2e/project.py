@@ -104,15 +104,14 @@ class _Zygote:
         (self.home / "conf" / "logging.yml").write_text(
             "version: 1\ndisable_existing_loggers: false\n")
         self.count = 0
-        env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true",
-                   PYTHONPATH=os.pathsep.join(p for p in (str(PROJECT_ROOT),
-                                                          os.environ.get("PYTHONPATH")) if p))
+        self.log = open(self.home / "server.log", "w")  # noqa: SIM115 - closed in close()
+        env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true")
         env.pop("KEDRO_LOGGING_CONFIG", None)
         for k in MLFLOW_URIS:
             env.pop(k, None)
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("kedro_zygote.py"))], cwd=self.home,
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             text=True, bufsize=1)
         atexit.register(self.close)
         self.sel = selectors.DefaultSelector()
@@ -120,7 +119,12 @@ class _Zygote:
         if self._read(self.START_TIMEOUT_S) is None:
             self.proc.kill()
             raise TimeoutError(f"the kedro fork server (pid {self.proc.pid}) was not ready "
-                               f"within {self.START_TIMEOUT_S} s")
+                               f"within {self.START_TIMEOUT_S} s:\n{self._log()}")
+
+    def _log(self) -> str:
+        """The end of what the server printed (its imports' output, a traceback)."""
+        f = self.home / "server.log"
+        return f.read_text(errors="replace")[-3000:] if f.exists() else ""
 
     def _read(self, timeout: float) -> dict | None:
         """The server's next answer, or None if it gave none within ``timeout`` s."""
@@ -128,7 +132,8 @@ class _Zygote:
             return None
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the kedro fork server ended ({self.proc.wait()})")
+            raise RuntimeError(f"the kedro fork server ended ({self.proc.wait()}):\n"
+                               f"{self._log()}")
         return json.loads(line)
 
     def run(self, cwd: Path, cmd: list[str], env: dict, timeout: float
@@ -164,4 +169,5 @@ class _Zygote:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.log.close()
         shutil.rmtree(self.home, ignore_errors=True)
