@@ -9,7 +9,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from recscale.config import parse
 from recscale.distributed import LaunchConfig, WorkerFailedError, launch
-from recscale.distributed.launch import CPU_BUILD_PRELOAD, forkserver_preload
+from recscale.distributed.launch import CPU_BUILD_PRELOAD, forkserver_preload, gpu_build
 from recscale.model import ModelConfig
 from recscale.runconfig import TrainConfig
 from recscale.scoring import evaluate_dlrm
@@ -108,7 +108,7 @@ def test_a_forked_worker_starts_with_what_every_worker_imports_already_imported(
     does not import them again in every worker: a name multiprocessing cannot import it skips
     without a word, and a worker would import it itself."""
     names = forkserver_preload()
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+    if not gpu_build():
         assert set(CPU_BUILD_PRELOAD) <= set(names)
     assert launch(W.modules_loaded, (names,), LaunchConfig(world_size=2)) == {0: names, 1: names}
 

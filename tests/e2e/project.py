@@ -41,13 +41,19 @@ def make_project_copy(tmp_path: Path, base_sizes_from: str | None = None) -> Pat
     return proj
 
 
-def kedro(proj: Path, *args: str, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
-    """``kedro *args`` in ``proj``: forked from this process's kedro fork server
-    (``kedro_zygote.py``), or a fresh ``kedro`` process where ``RECSCALE_TEST_KEDRO_FORK=0``."""
+def _kedro_env() -> dict[str, str]:
+    """This process's environment as a `kedro` command of the tests gets it."""
     env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true")
     env.pop("KEDRO_LOGGING_CONFIG", None)  # the copy's conf/logging.yml applies, as for a user
     for k in MLFLOW_URIS:  # mlflow.set_*_uri in this process exports them: the copy's own store
         env.pop(k, None)
+    return env
+
+
+def kedro(proj: Path, *args: str, timeout: int = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """``kedro *args`` in ``proj``: forked from this process's kedro fork server
+    (``kedro_zygote.py``), or a fresh ``kedro`` process where ``RECSCALE_TEST_KEDRO_FORK=0``."""
+    env = _kedro_env()
     cmd = [str(Path(sys.executable).parent / "kedro"), *args]
     if os.environ.get("RECSCALE_TEST_KEDRO_FORK", "1") != "0":
         res = _Zygote.get().run(proj, cmd, env, timeout)
@@ -105,13 +111,9 @@ class _Zygote:
             "version: 1\ndisable_existing_loggers: false\n")
         self.count = 0
         self.log = open(self.home / "server.log", "w")  # noqa: SIM115 - closed in close()
-        env = dict(os.environ, DO_NOT_TRACK="true", KEDRO_DISABLE_TELEMETRY="true")
-        env.pop("KEDRO_LOGGING_CONFIG", None)
-        for k in MLFLOW_URIS:
-            env.pop(k, None)
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("kedro_zygote.py"))], cwd=self.home,
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+            env=_kedro_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
             text=True, bufsize=1)
         atexit.register(self.close)
         self.sel = selectors.DefaultSelector()

@@ -187,12 +187,16 @@ def _start_method(name: str) -> str:
     return name
 
 
-def forkserver_preload() -> list[str]:
-    """The modules the fork server imports once, for every worker it forks."""
+def gpu_build() -> bool:
+    """Whether this torch was built for CUDA or ROCm (whatever devices this machine has)."""
     import torch
 
-    gpu_build = torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
-    return FORKSERVER_PRELOAD + ([] if gpu_build else CPU_BUILD_PRELOAD)
+    return torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
+
+
+def forkserver_preload() -> list[str]:
+    """The modules the fork server imports once, for every worker it forks."""
+    return FORKSERVER_PRELOAD + ([] if gpu_build() else CPU_BUILD_PRELOAD)
 
 
 class InLaunchEnvironment:
