@@ -41,18 +41,17 @@ run: install
 bench-preprocess: install system-packages
 	nice -n 5 $(BIN)/python benchmarks/bench_preprocess.py
 
-# the unit, planner and end-to-end tests on both cores at once (pytest-xdist; a file's tests on
-# one worker, as an e2e file's tests share its runs): single-process Python, or `kedro run`s whose
-# work is mostly one core's; then everything that starts ranks or hosts of its own, one test at a
-# time (two at once gained nothing there). Both halves run whatever the first's result, each in
-# its own random order (its seed printed). The project's modules are compiled first: where
-# PYTHONDONTWRITEBYTECODE is set (it is on our machines), every process the tests start would
-# otherwise compile them again from source
+# every test in one pytest run on NWORKERS pytest-xdist workers, a file's tests on one worker (an
+# e2e file's tests share its runs); the longest files start first (tests/conftest.py's
+# LONGEST_FIRST, hence --no-loadscope-reorder) and torch's threads sleep rather than spin while they
+# wait (its OMP_WAIT_POLICY), so more workers than cores fill the time the rank- and host-starting
+# tests spend waiting. The order is random (the seed in the header repeats it). The project's
+# modules are compiled first: where PYTHONDONTWRITEBYTECODE is set (it is on our machines), every
+# process the tests start would otherwise compile them again from source
+NWORKERS ?= 3
 test: install system-packages airflow
 	$(BIN)/python -m compileall -q -j 2 src tests > /dev/null
-	$(BIN)/python -m pytest tests/unit tests/planner tests/e2e -n 2 --dist loadfile; a=$$?; \
-	$(BIN)/python -m pytest --ignore=tests/unit --ignore=tests/planner --ignore=tests/e2e; b=$$?; \
-	test $$a -eq 0 -a $$b -eq 0
+	$(BIN)/python -m pytest -n $(NWORKERS) --dist loadfile --no-loadscope-reorder
 
 # the unit tests alone (no processes, no training runs, no Spark, no planning of drawn mixes)
 test-fast: install
