@@ -51,3 +51,11 @@ def netns_hosts2(netns_hosts) -> NamespaceHosts:
 @pytest.fixture
 def netns_hosts3(netns_hosts) -> NamespaceHosts:
     return netns_hosts(3)
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory):
+    """The jobs' train rows (tests/multihost/jobs.py make_dataset), once per pytest process."""
+    from tests.multihost.jobs import make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("mh-data"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.project import make_project_copy
-from tests.multihost.test_jobs import KW, _env, wait
+from tests.multihost.harness import KW, _env, wait
 
 pytestmark = pytest.mark.multihost
 
