@@ -152,8 +152,8 @@ def run_hosts(args, root: Path, manifest, cal2, merged2: Topology) -> list[dict]
 
     sys.path.insert(0, str(ROOT))
     from tests.multihost import netns as N
+    from tests.multihost.harness import _env, config, start_job
     from tests.multihost.jobs import finish
-    from tests.multihost.test_jobs import _env, config, start_job
 
     ok, why = N.available()
     if not ok:

@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repo root: tests.multihost
 
 from tests.multihost import netns as N  # noqa: E402
+from tests.multihost.harness import _env, config, drive_cmd, join_cmd  # noqa: E402
 from tests.multihost.jobs import finish, make_dataset  # noqa: E402
-from tests.multihost.test_jobs import _env, config, drive_cmd, join_cmd  # noqa: E402
 
 VARIANTS = {  # name: (plan kinds, dense reduction, forward, backward, dense all-reduce)
     "flat fp32": ("row_wise", "flat", "fp32", "fp32", "fp32"),
