@@ -2,9 +2,10 @@
 and its sharing of cores depend on."""
 
 import os
-import subprocess
-import sys
+import random
+from types import SimpleNamespace
 
+from tests import conftest
 from tests.conftest import LONGEST_FIRST, PROJECT_ROOT
 
 
@@ -15,19 +16,24 @@ def test_every_file_started_first_exists_once():
     assert not missing, f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}"
 
 
-def test_the_longest_files_are_collected_first_in_their_order():
-    files = [*LONGEST_FIRST[:3], "tests/unit/test_suite_setup.py"]
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "randomly",
-                          "--randomly-seed=7", *reversed(files)],
-                         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")})
-    assert out.returncode == 0, out.stdout + out.stderr
-    order = []
-    for line in out.stdout.splitlines():
-        path = line.split("::", 1)[0]
-        if "::" in line and path not in order:
-            order.append(path)
-    assert order == files, out.stdout
+def test_the_longest_files_start_first_in_their_order_after_the_random_shuffle(seed):
+    # pytest-randomly shuffles in its wrapper before every plain hook; ours sorts after it,
+    # stably: the named files first in their order, each file's tests and the rest as shuffled
+    rng = random.Random(seed)
+    named = rng.sample(LONGEST_FIRST, 4)
+    files = [*named, "tests/unit/test_a.py", "tests/unit/test_b.py"]
+    items = [SimpleNamespace(nodeid=f"{f}::test_{k}") for f in files for k in range(3)]
+    rng.shuffle(items)
+    before = [i.nodeid for i in items]
+    conftest.pytest_collection_modifyitems(None, items)
+    after = [i.nodeid for i in items]
+    first = sorted(named, key=LONGEST_FIRST.index)
+    assert [n.split("::")[0] for n in after[:12]] == [f for f in first for _ in range(3)]
+    for f in files:  # within a file, and among the files not named, the shuffled order
+        assert [n for n in after if n.startswith(f)] == [n for n in before if n.startswith(f)]
+    rest = [n for n in before if n.split("::")[0] not in named]
+    assert after[12:] == rest
+    assert conftest.pytest_collection_modifyitems.pytest_impl.get("trylast") is True
 
 
 def test_torchs_threads_sleep_while_they_wait_in_every_process_the_tests_start():
