@@ -67,7 +67,7 @@ def _seeded(seed):
 # took in a `make test` on 2 vCPU (AMD EPYC, AVX2), three workers sharing the cores; files not
 # named here follow in pytest-randomly's order, and a file's tests keep their own order.
 LONGEST_FIRST = [
-    "tests/multihost/test_jobs.py",                 # ~255 (the file and the next: 460 s as one)
+    "tests/multihost/test_jobs.py",                 # ~255 (with test_host_loss.py, one file: 460)
     "tests/e2e/test_default_quality.py",            # 213
     "tests/multihost/test_host_loss.py",            # ~205
     "tests/planner/test_sharding_properties.py",    # 200

@@ -51,7 +51,7 @@ def config(endpoint, world, nnodes, ckpt, **train):
 def drive_cmd(tmp, name, dataset, cfg, plan="planner", start_when=None):
     """The driver's command; ``start_when``: a file it waits for once imported (it prints
     "waiting for" then: see ``ready``)."""
-    # the plans of this module's drivers, beside its dataset: a plan the planner made once is
+    # the plans of the drivers, beside their (session's) dataset: a plan the planner made once is
     # read back by every later driver given the same tables, ranks and options (jobs.py)
     spec = tmp / f"{name}.json"
     spec.write_text(json.dumps({"manifest_dir": str(dataset), "config": cfg, "plan": plan,

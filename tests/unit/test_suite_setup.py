@@ -37,7 +37,6 @@ def test_the_longest_files_start_first_in_their_order_after_the_random_shuffle(s
 
 
 def test_torchs_threads_sleep_while_they_wait_in_every_process_the_tests_start():
-    # set by tests/conftest.py before torch loads, so every worker, rank and kedro command the
-    # tests start inherits it (with spinning threads, two copies of test_reinit_embeddings.py side
-    # by side on 2 vCPU took 284 s each, not 46)
+    # set by tests/conftest.py before torch loads (why: its comment), so every worker, rank and
+    # kedro command the tests start inherits it
     assert os.environ.get("OMP_WAIT_POLICY") == "PASSIVE"
