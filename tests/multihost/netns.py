@@ -265,11 +265,17 @@ class NamespaceHosts:
         deadline = time.monotonic() + timeout
         while True:
             pids = [p for p in host.pids() if p != os.getpid()]
-            if not pids:
+            # and our own children's groups: one started just now may not be in the namespace
+            # yet (`ip netns exec` before its setns, on a loaded machine)
+            ours = [proc for proc in host._procs if proc.poll() is None]
+            if not pids and not ours:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"kill_host({i}): processes {pids} still run in namespace "
-                                   f"{host.name} after {timeout} s")
+                raise RuntimeError(f"kill_host({i}): processes {pids or [p.pid for p in ours]} "
+                                   f"still run in namespace {host.name} after {timeout} s")
+            for proc in ours:
+                _killpg(proc)
+                killed.append(proc.pid)
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)

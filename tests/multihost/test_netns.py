@@ -176,6 +176,20 @@ def test_kill_host_ends_every_process_in_that_host_only(netns_hosts2):
     os.kill(other.pid, 0)  # host 0 untouched
 
 
+def test_kill_host_ends_a_process_it_started_before_it_entered_the_namespace(netns_hosts2):
+    """A host's process killed at once after its start may not be in the namespace yet (`ip
+    netns exec` before its setns, on a loaded machine): the host's own processes are killed
+    anyway, not waited on until the deadline. Stood in for by a process outside the namespace."""
+    hosts = netns_hosts2
+    late = subprocess.Popen(["sleep", "60"], **N.OWN_GROUP)
+    hosts[1]._procs.append(late)
+    assert late.pid not in hosts[1].pids()
+    t0 = time.monotonic()
+    assert late.pid in hosts.kill_host(1, timeout=30)
+    assert late.returncode == -signal.SIGKILL and time.monotonic() - t0 < 10
+    assert late not in hosts[1]._procs
+
+
 def test_the_docs_snippet_runs_on_namespace_hosts(netns_ready):
     """docs/multihost.md's snippet as written, from the project root; it leaves nothing behind."""
     import ast
