@@ -9,7 +9,7 @@ prints "waiting for <file>" and goes on when the file exists)}; the driver write
 OUT_DIR/state.pt (the trained model), OUT_DIR/result.json (counters and the job's transitions).
 
 The planner is deterministic (the same inputs give the same plan, on any machine) and a plan of
-6 ranks takes it 13 to 40 s of CPU here (its exact stage); with "plan_cache" the driver keeps each
+6 ranks takes it about 17 s of CPU here (its exact stage); with "plan_cache" the driver keeps each
 plan it computed in that directory, keyed by everything the planner is given, and a later driver
 (or the one-host reference run) with the same inputs reads it back instead of planning again.
 """

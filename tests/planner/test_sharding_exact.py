@@ -84,3 +84,31 @@ def test_an_even_plan_or_one_with_too_many_cells_is_left_alone(monkeypatch):
     monkeypatch.setattr(E, "BALANCE", 1.3)
     assert E.exact(ctx, sol_in) is sol_in  # within the target: nothing to do
     assert float(np.max(sol_out.load)) < float(np.max(sol_in.load))
+
+
+def test_the_same_model_is_not_solved_twice(monkeypatch, tmp_path):
+    """Where the first solve finds nothing below the plan and the other cache fractions add no
+    candidate (nothing may spill), the second would hand CP-SAT the same model with the same
+    hint: it is not asked again, and the plan is the one asking again gives. The multi-host
+    tests' 26 small tables on 3 hosts x 2 ranks (with the solver's full work, 33 s of CPU, half
+    of it the repeated solve)."""
+    from recscale.config import parse
+    from recscale.data.preprocess import load_manifest
+    from recscale.runconfig import DLRMConfig, plan_for_run
+    from tests.multihost.harness import config
+    from tests.multihost.jobs import make_dataset
+
+    manifest = load_manifest(make_dataset(tmp_path, rows=6000))
+    cfg = parse(DLRMConfig, config("10.0.0.1:1", 6, 3, tmp_path / "ck"), "")
+    monkeypatch.setattr(E, "WORK", 1.0)  # the solver's work: the same model either way
+    solves = []
+    real_solve = E._solve
+    monkeypatch.setattr(E, "_solve", lambda *a: solves.append(1) or real_solve(*a))
+    plan = plan_for_run(manifest, cfg)
+    assert len(solves) == 1
+    real_once = E._once_solve
+    monkeypatch.setattr(E, "_once_solve", lambda ctx, sol, caches, unsolved: real_once(
+        ctx, sol, caches, None))  # asking every time
+    again = plan_for_run(manifest, cfg)
+    assert len(solves) == 3
+    assert [t.to_dict() for t in again.tables] == [t.to_dict() for t in plan.tables]

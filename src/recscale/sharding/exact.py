@@ -47,12 +47,26 @@ def exact(ctx: PlanContext, sol: Solution) -> Solution:
     """First with a slow tier's tables at the plan's cache fraction, then, where the plan is
     still uneven, at any the planner may choose (a larger model: where the first finds a plan it
     is found sooner)."""
+    unsolved = None
     for caches in ((sol.cache_fraction,), cache_candidates(ctx.opts)):
-        sol = _once(ctx, sol, caches)
+        sol, unsolved = _once(ctx, sol, caches, unsolved)
     return sol
 
 
-def _once(ctx: PlanContext, sol: Solution, caches) -> Solution:
+def _once(ctx: PlanContext, sol: Solution, caches, unsolved=None):
+    """-> (the plan, ``(sol, candidates)`` where the solver found nothing below ``sol``'s
+    maximum with those candidates, else None). ``unsolved``: an earlier call's: where this call
+    would hand the solver the same model (the same plan as its hint, the same candidates: no
+    table has another option in a slow tier at the other caches), the answer is the same
+    (deterministic), so it is not asked again (on plans with nothing to spill that was half the
+    stage's time)."""
+    out = _once_solve(ctx, sol, caches, unsolved)
+    if isinstance(out, tuple):
+        return sol, out
+    return out, None
+
+
+def _once_solve(ctx: PlanContext, sol: Solution, caches, unsolved):
     lay = sol.layout
     W, ct = ctx.W, ctx.ct
     top = float(sol.load.max())
@@ -75,9 +89,12 @@ def _once(ctx: PlanContext, sol: Solution, caches) -> Solution:
              or c[1] == current[c[0]]]
     if sum(c[2].size for c in cands) * W > CELLS:
         return sol
+    asked = [(c[0], c[1]) for c in cands]
+    if unsolved is not None and unsolved[0] is sol and unsolved[1] == asked:
+        return unsolved
     got = _solve(ctx, cands, current, sol, top, fixed, budget)
     if got is None:
-        return sol
+        return (sol, asked)
     ch = np.where(choice == ctx.dp_col, ctx.dp_col, 0)
     tier = np.full(ctx.n, ct)
     cache = np.zeros(ctx.n)
@@ -98,7 +115,7 @@ def _once(ctx: PlanContext, sol: Solution, caches) -> Solution:
     out = summarize(ctx, new, sol.dp_tables, sol.dp_compute, sol.dp_comms, sol.dp_need,
                     sol.dp_storage, cf, free, occ)
     # a lower slowest rank only: the same maximum at a higher mean is more work for no faster step
-    return out if float(out.load.max()) < top * (1 - 1e-9) else sol
+    return out if float(out.load.max()) < top * (1 - 1e-9) else (sol, asked)
 
 
 def _candidates(ctx: PlanContext, current: dict, top: float, caches):
