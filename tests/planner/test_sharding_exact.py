@@ -106,9 +106,9 @@ def test_the_same_model_is_not_solved_twice(monkeypatch, tmp_path):
     monkeypatch.setattr(E, "_solve", lambda *a: solves.append(1) or real_solve(*a))
     plan = plan_for_run(manifest, cfg)
     assert len(solves) == 1
-    real_once = E._once_solve
-    monkeypatch.setattr(E, "_once_solve", lambda ctx, sol, caches, unsolved: real_once(
-        ctx, sol, caches, None))  # asking every time
+    real_once = E._once
+    monkeypatch.setattr(E, "_once", lambda ctx, sol, caches, unsolved=None: real_once(
+        ctx, sol, caches))  # asking every time
     again = plan_for_run(manifest, cfg)
     assert len(solves) == 3
     assert [t.to_dict() for t in again.tables] == [t.to_dict() for t in plan.tables]

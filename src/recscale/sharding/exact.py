@@ -54,24 +54,17 @@ def exact(ctx: PlanContext, sol: Solution) -> Solution:
 
 
 def _once(ctx: PlanContext, sol: Solution, caches, unsolved=None):
-    """-> (the plan, ``(sol, candidates)`` where the solver found nothing below ``sol``'s
-    maximum with those candidates, else None). ``unsolved``: an earlier call's: where this call
-    would hand the solver the same model (the same plan as its hint, the same candidates: no
-    table has another option in a slow tier at the other caches), the answer is the same
-    (deterministic), so it is not asked again (on plans with nothing to spill that was half the
-    stage's time)."""
-    out = _once_solve(ctx, sol, caches, unsolved)
-    if isinstance(out, tuple):
-        return sol, out
-    return out, None
-
-
-def _once_solve(ctx: PlanContext, sol: Solution, caches, unsolved):
+    """-> (the plan, ``unsolved``: ``(sol, candidates)`` where the solver found nothing below
+    ``sol``'s maximum from those candidates, else None). Given an earlier call's ``unsolved``
+    and the same model to hand the solver (the same plan as its hint, the same candidates: no
+    table gains an option in a slow tier at the other caches), the answer would be the same
+    (the solver is deterministic), so it is not asked again: on plans with nothing to spill,
+    half the stage's time."""
     lay = sol.layout
     W, ct = ctx.W, ctx.ct
     top = float(sol.load.max())
     if W < 2 or not lay.groups or top <= BALANCE * float(sol.load.mean()):
-        return sol
+        return sol, None
     fixed = float(sol.dp_compute.sum() + sol.dp_comms.sum())  # replicated: on every rank
     budget = ctx.budget - sol.dp_need.sum(axis=0)
     choice = choice_of(ctx, sol)
@@ -80,7 +73,7 @@ def _once_solve(ctx: PlanContext, sol: Solution, caches, unsolved):
                for tab, s, _ in lay.groups}
     cands = _candidates(ctx, current, top, caches)
     if cands is None:
-        return sol
+        return sol, None
     cheapest = {}
     for tab, _, cost, _, _ in cands:
         cheapest[tab] = min(cheapest.get(tab, np.inf), float(cost.sum()))
@@ -88,13 +81,13 @@ def _once_solve(ctx: PlanContext, sol: Solution, caches, unsolved):
     cands = [c for c in cands if float(c[2].sum()) - cheapest[c[0]] <= room * (1 + 1e-9)
              or c[1] == current[c[0]]]
     if sum(c[2].size for c in cands) * W > CELLS:
-        return sol
+        return sol, None
     asked = [(c[0], c[1]) for c in cands]
     if unsolved is not None and unsolved[0] is sol and unsolved[1] == asked:
-        return unsolved
+        return sol, unsolved
     got = _solve(ctx, cands, current, sol, top, fixed, budget)
     if got is None:
-        return (sol, asked)
+        return sol, (sol, asked)
     ch = np.where(choice == ctx.dp_col, ctx.dp_col, 0)
     tier = np.full(ctx.n, ct)
     cache = np.zeros(ctx.n)
@@ -106,7 +99,7 @@ def _once_solve(ctx: PlanContext, sol: Solution, caches, unsolved):
     free = np.repeat(budget[:, None], W, axis=1)
     np.add.at(free.T, new.rank, -new.need)
     if (free < -1e-6 * np.maximum(ctx.budget[:, None], 1.0)).any():
-        return sol  # rounding let it through: keep the plan
+        return sol, None  # rounding let it through: keep the plan
     occ = np.zeros((ctx.n, W), dtype=np.int32)
     np.add.at(occ, (new.table, new.rank), 1)
     # the plan's cache fraction: its own while a slow-tier table keeps it, else the largest taken
@@ -115,7 +108,9 @@ def _once_solve(ctx: PlanContext, sol: Solution, caches, unsolved):
     out = summarize(ctx, new, sol.dp_tables, sol.dp_compute, sol.dp_comms, sol.dp_need,
                     sol.dp_storage, cf, free, occ)
     # a lower slowest rank only: the same maximum at a higher mean is more work for no faster step
-    return out if float(out.load.max()) < top * (1 - 1e-9) else (sol, asked)
+    if float(out.load.max()) < top * (1 - 1e-9):
+        return out, None
+    return sol, (sol, asked)
 
 
 def _candidates(ctx: PlanContext, current: dict, top: float, caches):
