@@ -12,7 +12,6 @@ from recscale.sharding.bounds import plan_lower_bound
 from tests.planner.test_sharding import check_geometry
 from tests.planner.test_sharding_properties import small_mix
 
-
 _RUNS: dict = {}  # (seed, on) -> _plan's answer, for the tests that read the same one
 
 
