@@ -38,18 +38,16 @@ def test_hosts_train_bitwise_what_one_host_trains_with_every_sharding_type(
         netns_hosts, dataset, tmp_path, n):
     hosts = netns_hosts(n)
     ep = f"{hosts[0].addr}:{PORT}"
-    # the hand-made plan ("mixed") keeps only the planner's tables and ranks, so the baseline
-    # strategy plans them: the balanced search takes 17 s of CPU for 6 ranks and buys nothing here
-    greedy = {"sharding": {"local_world_size": 2, "options": {"strategy": "greedy"}}}
-    cfg = {**config(ep, 2 * n, n, tmp_path / "ck-multi", max_steps=8), **greedy}
+    # the hand-made plan ("mixed") keeps only the planner's tables and ranks: the baseline plans
+    cfg = config(ep, 2 * n, n, tmp_path / "ck-multi", strategy="greedy", max_steps=8)
     # the joining host runs from a directory whose local config says something else: unused
     other = tmp_path / "other-project"
     (other / "conf" / "base").mkdir(parents=True)
     (other / "conf" / "base" / "parameters_dlrm.yml").write_text(
         "train:\n  batch_size_per_rank: 7\n  launch:\n    world_size: 1\n")
     multi = run_job(hosts, tmp_path, "multi", dataset, cfg, plan="mixed", joiner_cwd=other)
-    single_cfg = {**config("127.0.0.1:0", 2 * n, 1, tmp_path / "ck-single", max_steps=8),
-                  **greedy}
+    single_cfg = config("127.0.0.1:0", 2 * n, 1, tmp_path / "ck-single", strategy="greedy",
+                        max_steps=8)
     single = run_single(tmp_path, "single", dataset, single_cfg, plan="mixed")
     same_state(multi, single)
     r = result(multi)
