@@ -12,7 +12,9 @@ The deadlock needs a gloo worker thread to be late freeing a finished all-reduce
 thread-local state holds a Python object, so it needs the GIL) while the main thread, holding the
 GIL, destroys the group from the DDP reducer. Late means not scheduled: ``--stress N`` (default
 2) runs N busy-loop processes meanwhile, the machine shared with other jobs as when the hang was
-seen. Without them it is rare here.
+seen. Without them it is rare here, unless ``--pin CPU`` puts both ranks on one CPU: each rank's
+gloo thread then waits behind the other rank, and the unsafe order hangs more often than beside
+two busy loops (the test suite's way, which costs one core instead of the whole machine).
 
 Every group is bounded: a cycle that takes longer than ``--cycle-timeout`` seconds makes
 faulthandler's watchdog (a C thread: it works with the GIL held) dump the rank's Python stacks
@@ -90,12 +92,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--cycle-timeout", type=float, default=30.0)
     ap.add_argument("--try-timeout", type=int, default=180)
     ap.add_argument("--stress", type=int, default=2, help="busy-loop processes meanwhile")
+    ap.add_argument("--pin", type=int, default=None, metavar="CPU",
+                    help="run the ranks and the busy loops on this one CPU (inherited affinity)")
     ap.add_argument("--start-method", choices=["forkserver", "spawn"], default="forkserver",
                     help="how the launcher starts workers (train.launch.start_method)")
     args = ap.parse_args(argv)
     cfg = LaunchConfig(world_size=args.world_size, exit_timeout_s=args.exit_timeout,
                        start_method=args.start_method)
     fn = TW.unsafe_teardown_worker if args.order == "unsafe" else TW.safe_teardown_worker
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})
     busy = [mp.get_context("spawn").Process(target=_busy, daemon=True) for _ in range(args.stress)]
     for p in busy:
         p.start()
@@ -140,7 +146,8 @@ def main(argv=None) -> dict:
             p.terminate()
     n = len(times)
     print(f"\n{args.order} order, {args.world_size} rank(s), {args.kind} worker, {args.cycles} groups "
-          f"per launch, {args.steps} steps, stress {args.stress}: "
+          f"per launch, {args.steps} steps, stress {args.stress}"
+          f"{'' if args.pin is None else f', pinned to CPU {args.pin}'}: "
           f"{hangs}/{n} launches hung ({100.0 * hangs / max(n, 1):.0f}%), {hangs} hangs in {groups:,} "
           f"groups (1 per {groups / hangs if hangs else float('inf'):,.0f}), {errors} other errors; "
           f"{time.perf_counter() - t_all:.0f} s in all\n"

@@ -1,7 +1,7 @@
 """Leaving the process group (2 gloo ranks, the real launcher): the safe teardown order never
 hangs, and a rank that does not exit is ended within its deadline and named."""
 
-import multiprocessing as mp
+import os
 import time
 
 import pytest
@@ -19,26 +19,20 @@ pytestmark = pytest.mark.dist
 EXIT_S = 3.0
 
 
-def _busy() -> None:
-    while True:
-        pass
-
-
 def test_the_safe_teardown_order_never_hangs(tmp_path):
     """The order that hung benchmarks/bench_sharded.py (DDP with a Python comm hook, steps, a
     barrier, destroy_process_group(), the model freed after it), done the safe way by
-    run_in_group: 2 ranks x 60 groups joined and left, with 2 busy-loop processes competing for
-    the cores (what makes gloo's thread late). Each group is bounded (20 s, then the rank's
-    stacks are dumped and it exits); all 60 must finish on both ranks. The unsafe order under
-    the same conditions hung in 9 of 10 launches of 60 groups (1 hang per 35 groups):
-    ``python benchmarks/repro_teardown_hang.py --tries 10 --cycles 60 --stress 2
-    --start-method spawn``. Spawned workers, as measured there: forked from the fork server (the
-    launcher's default) the unsafe order hangs too, but less often (3 of 5 launches, 1 per 62
-    groups: the same command with ``--tries 5 --start-method forkserver``)."""
-    ctx = mp.get_context("spawn")
-    busy = [ctx.Process(target=_busy, daemon=True) for _ in range(2)]
-    for p in busy:
-        p.start()
+    run_in_group: 2 ranks x 60 groups joined and left, both ranks on one CPU (the affinity the
+    spawned ranks inherit), so each one's gloo thread waits for the core behind the other rank:
+    what makes it late. Each group is bounded (20 s, then the rank's stacks are dumped and it
+    exits); all 60 must finish on both ranks. The unsafe order under the same conditions hung in
+    every one of 3 launches of 60 groups (1 hang per 7 groups): ``python
+    benchmarks/repro_teardown_hang.py --tries 3 --stress 0 --pin 0 --start-method spawn``
+    (unpinned, beside 2 busy-loop processes, 1 per 35 groups: ``--stress 2``). Spawned workers,
+    as measured there: forked from the fork server (the launcher's default) the unsafe order
+    hangs too, but less often."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(cpus)})
     res, error = None, None
     try:
         res = launch(TW.safe_teardown_worker, ("mlp", 4, 60, str(tmp_path), 20.0),
@@ -46,8 +40,7 @@ def test_the_safe_teardown_order_never_hangs(tmp_path):
     except Exception as exc:  # noqa: BLE001 - reported below with the hung rank's stacks
         error = exc
     finally:
-        for p in busy:
-            p.terminate()
+        os.sched_setaffinity(0, cpus)
     hung = {f.name: f.read_text() for f in tmp_path.glob("hang.rank*.txt") if f.read_text()}
     assert not hung and error is None, (error, hung)
     assert sorted(res) == [0, 1] and all(len(r) == 60 for r in res.values())
